@@ -1,0 +1,174 @@
+"""Choose the devices the book runs on, before the JAX backend starts.
+
+Every chapter starts with ``book.devices.setup()``. With at least ``n`` accelerators present
+(a Kaggle TPU v5e-8, a TPU v3-8 board, an 8-GPU node) the chapter runs on them; otherwise it runs
+on ``n`` mock CPU devices, so every example works on a laptop or a single-chip Colab runtime.
+The choice has to be made before JAX starts its backend, because the number of CPU devices and
+the platform are fixed at that moment.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from book.errors import ReaderError
+
+_TPU_ENV_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID")
+_DEVICE_FILE_HINTS = {
+    "tpu": ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*"),
+    "gpu": ("/dev/nvidia[0-9]*", "/dev/kfd"),
+}
+_PROBE = "import jax; print(jax.default_backend(), jax.device_count())"
+
+
+class SetupError(ReaderError, RuntimeError):
+    """``setup`` cannot take effect any more because the JAX backend has already started."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    platform: str  # "tpu" or "gpu"
+    count: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``setup`` decided: the platform, how many devices, and why."""
+
+    requested: int
+    platform: str  # "cpu", "tpu" or "gpu"
+    count: int
+    mock: bool
+    notice: str
+
+
+_plan: Plan | None = None
+
+
+def accelerator_hint(env=None, exists=None) -> str | None:
+    """Guess, from the environment and device files only, whether an accelerator may be present.
+
+    This costs nothing, so machines without accelerators (laptops, CI) never pay for a probe.
+    """
+    env = os.environ if env is None else env
+    exists = (lambda pattern: bool(glob.glob(pattern))) if exists is None else exists
+    if any(env.get(name) for name in _TPU_ENV_HINTS):
+        return "tpu"
+    for platform, patterns in _DEVICE_FILE_HINTS.items():
+        if any(exists(pattern) for pattern in patterns):
+            return platform
+    return None
+
+
+def probe_accelerator(timeout: float = 180.0) -> Accelerator | None:
+    """Ask a separate Python process which accelerator JAX sees and how many devices it has.
+
+    A child process is used so that this process's backend is still free to be configured.
+    """
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_PLATFORMS="")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=True,
+        ).stdout
+        platform, count = out.split()[-2:]
+        count = int(count)
+    except (subprocess.SubprocessError, OSError, ValueError):
+        return None
+    return Accelerator(platform, count) if platform in ("tpu", "gpu") else None
+
+
+def detect_accelerator(env=None, exists=None, probe=probe_accelerator) -> Accelerator | None:
+    """The accelerator present, if any: a cheap hint first, the probe only when it says so."""
+    if accelerator_hint(env, exists) is None:
+        return None
+    return probe()
+
+
+def choose(n: int, accelerator: Accelerator | None) -> Plan:
+    """Decide between real accelerators and ``n`` mock CPU devices."""
+    if accelerator is not None and accelerator.count >= n:
+        name = accelerator.platform.upper()
+        return Plan(
+            n, accelerator.platform, accelerator.count, False,
+            f"Running on {accelerator.count} {name} devices.",
+        )
+    if accelerator is not None:
+        name = accelerator.platform.upper()
+        plural = "device" if accelerator.count == 1 else "devices"
+        why = f"this runtime has {accelerator.count} {name} {plural}, fewer than {n}"
+    else:
+        why = "no TPU or GPU was found"
+    return Plan(n, "cpu", n, True, f"Running on {n} mock CPU devices: {why}.")
+
+
+def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
+    """Choose the devices for this kernel and configure JAX before its backend starts.
+
+    Safe to call twice with the same ``n``. Called after JAX has started with other devices, it
+    raises ``SetupError`` with one sentence: restart the kernel.
+    """
+    global _plan
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise SetupError(f"setup needs a positive whole number of devices, not {n!r}.")
+    if _plan is not None:
+        if n != _plan.requested:
+            raise SetupError(
+                f"This kernel is already set up for {_plan.requested} devices; "
+                f"restart the kernel to run with {n}."
+            )
+        print(_plan.notice)
+        return _plan
+    import jax
+
+    plan = choose(n, detect())
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+        if plan.mock:
+            jax.config.update("jax_platforms", "cpu")
+    except RuntimeError:
+        plan = _plan_from_running_backend(plan)
+    _plan = plan
+    print(plan.notice)
+    return plan
+
+
+def _plan_from_running_backend(plan: Plan) -> Plan:
+    """Accept a backend that JAX already started if it has what the plan needs, else explain."""
+    import jax
+
+    devices = jax.devices()
+    platform = devices[0].platform
+    if platform == plan.platform and len(devices) >= plan.requested:
+        return Plan(plan.requested, platform, len(devices), plan.mock, plan.notice)
+    plural = "device" if len(devices) == 1 else "devices"
+    raise SetupError(
+        f"JAX already started with {len(devices)} {platform.upper()} {plural}, so it cannot "
+        f"switch to {plan.count} {plan.platform.upper()} devices now; restart the kernel and run "
+        "the setup cell before anything else."
+    )
+
+
+def current() -> Plan:
+    """The plan ``setup`` made; chapters call ``setup`` first, so this is an error otherwise."""
+    if _plan is None:
+        raise SetupError("Run book.devices.setup() first, in the chapter's setup cell.")
+    return _plan
+
+
+def scaled(small, large, plan: Plan | None = None):
+    """Pick a problem size for the platform: ``small`` on (mock) CPU, ``large`` on TPU/GPU.
+
+    Mock CPU devices share a laptop's cores, so examples stay small there; real accelerators
+    get sizes where parallelism is visible.
+    """
+    plan = current() if plan is None else plan
+    return small if plan.platform == "cpu" else large

@@ -1,0 +1,257 @@
+"""Read and check what a reader types or picks: mesh shapes, axis names, partition specs.
+
+Everything is parsed by a small tokenizer; nothing a reader types is ever evaluated. Every
+mistake raises ``SpecError`` whose message is one sentence saying what to change.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+from jax.sharding import PartitionSpec as P
+
+from book.errors import ReaderError
+
+MAX_TEXT = 200
+_TOKEN = re.compile(r"\s*(?:(?P<str>'[^'\\]*'|\"[^\"\\]*\")|(?P<name>[A-Za-z_]\w*)|(?P<punct>[(),\[\]]))")
+_NAME = re.compile(r"[A-Za-z_]\w*\Z")
+
+
+class SpecError(ReaderError, ValueError):
+    """A mesh shape, axis name or partition spec that cannot work, explained in one sentence."""
+
+
+def _check_length(text, what):
+    if not isinstance(text, str):
+        raise SpecError(f"Type the {what} as text, for example {_EXAMPLES[what]}.")
+    if len(text) > MAX_TEXT:
+        raise SpecError(f"The {what} is too long; keep it under {MAX_TEXT} characters.")
+    if not text.strip():
+        raise SpecError(f"The {what} is empty; type one, for example {_EXAMPLES[what]}.")
+
+
+_EXAMPLES = {
+    "shape": "(8, 4)",
+    "mesh shape": "(2, 4)",
+    "axis names": "('data', 'model')",
+    "partition spec": "P('data', None)",
+}
+
+
+def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
+    _check_length(text, what)
+    body = text.strip()
+    if body[:1] in "([" and body[-1:] in ")]":
+        body = body[1:-1]
+    parts = [p.strip() for p in re.split(r"[,x×*]", body)]
+    if parts and parts[-1] == "" and len(parts) > 1:
+        parts = parts[:-1]  # a trailing comma, as in "(8,)"
+    sizes = []
+    for part in parts:
+        if not part.isdigit():
+            raise SpecError(
+                f"Could not read {part!r} in the {what} {text.strip()!r}; use positive whole "
+                f"numbers, for example {_EXAMPLES[what]}."
+            )
+        sizes.append(int(part))
+    if any(s == 0 for s in sizes):
+        raise SpecError(f"The {what} {text.strip()!r} has a zero; every size must be at least 1.")
+    return tuple(sizes)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """An array shape such as ``"(8, 4)"``, ``"8x4"`` or ``"16"``."""
+    return _parse_sizes(text, "shape")
+
+
+def parse_mesh_shape(text: str) -> tuple[int, ...]:
+    """A mesh shape such as ``"(2, 4)"``, ``"2x4"`` or ``"8"``."""
+    return _parse_sizes(text, "mesh shape")
+
+
+def parse_axis_names(text: str) -> tuple[str, ...]:
+    """Axis names such as ``"('data', 'model')"`` or ``"data, model"``."""
+    _check_length(text, "axis names")
+    body = text.strip()
+    if body[:1] in "([" and body[-1:] in ")]":
+        body = body[1:-1]
+    names = [p.strip().strip("'\"") for p in body.split(",")]
+    if len(names) > 1 and names[-1] == "":
+        names = names[:-1]
+    for name in names:
+        if not _NAME.match(name):
+            raise SpecError(
+                f"{name!r} is not a usable axis name; use letters, digits and underscores, "
+                "for example 'data'."
+            )
+    for name in names:
+        if names.count(name) > 1:
+            raise SpecError(f"The axis name {name!r} appears twice; give each mesh axis its own name.")
+    return tuple(names)
+
+
+def _tokens(text: str):
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            bad = text[pos:].strip()[:1]
+            raise SpecError(
+                f"Unexpected {bad!r} in the partition spec; write names in quotes, None, or groups "
+                "in parentheses, for example P(('data', 'model'), None)."
+            )
+        pos = m.end()
+        if m.group("str"):
+            yield "str", m.group("str")[1:-1]
+        elif m.group("name"):
+            yield "name", m.group("name")
+        else:
+            yield "punct", {"[": "(", "]": ")"}.get(m.group("punct"), m.group("punct"))
+
+
+def parse_partition_spec(text: str) -> P:
+    """A partition spec such as ``"P('data', None)"``, ``"('data', 'model')"`` or ``"P()"``.
+
+    Accepted forms: an optional ``P``/``PartitionSpec`` prefix, then entries that are an axis
+    name (quoted or bare), ``None``, or a parenthesised group of names.
+    """
+    _check_length(text, "partition spec")
+    toks = list(_tokens(text))
+    if toks and toks[0] in (("name", "P"), ("name", "PartitionSpec")):
+        if len(toks) < 2 or toks[1] != ("punct", "(") or toks[-1] != ("punct", ")"):
+            raise SpecError("Write the spec as P(...), with its entries inside the parentheses.")
+        toks = toks[2:-1]
+    elif len(toks) >= 2 and toks[0] == ("punct", "(") and toks[-1] == ("punct", ")") and _wraps(toks):
+        toks = toks[1:-1]
+    entries, i = [], 0
+    while i < len(toks):
+        entry, i = _entry(toks, i)
+        entries.append(entry)
+        if i < len(toks):
+            if toks[i] != ("punct", ","):
+                raise SpecError("Separate the spec's entries with commas, as in P('data', None).")
+            i += 1
+    return P(*entries)
+
+
+def _wraps(toks) -> bool:
+    """True when the first '(' closes at the last token, so it wraps the whole spec."""
+    depth = 0
+    for k, tok in enumerate(toks):
+        depth += tok == ("punct", "(")
+        depth -= tok == ("punct", ")")
+        if depth == 0:
+            return k == len(toks) - 1
+    return False
+
+
+def _name(tok):
+    kind, value = tok
+    if kind == "str" and _NAME.match(value):
+        return value
+    if kind == "name" and value not in ("None", "P", "PartitionSpec"):
+        return value
+    return None
+
+
+def _entry(toks, i):
+    tok = toks[i]
+    if tok == ("name", "None"):
+        return None, i + 1
+    if _name(tok) is not None:
+        if i + 1 < len(toks) and toks[i + 1] == ("punct", "("):
+            raise SpecError(
+                f"{tok[1]}(...) is not allowed in a partition spec; use axis names, None, or "
+                "groups of names in parentheses."
+            )
+        return _name(tok), i + 1
+    if tok == ("punct", "("):
+        names, i = [], i + 1
+        while i < len(toks) and toks[i] != ("punct", ")"):
+            name = _name(toks[i])
+            if name is None:
+                raise SpecError(
+                    "A group in parentheses may hold only axis names, as in ('data', 'model')."
+                )
+            names.append(name)
+            i += 1
+            if i < len(toks) and toks[i] == ("punct", ","):
+                i += 1
+        if i >= len(toks):
+            raise SpecError("A parenthesis in the partition spec is never closed; add the ')'.")
+        return tuple(names) if len(names) != 1 else names[0], i + 1
+    raise SpecError(
+        f"Could not read {tok[1]!r} in the partition spec; write axis names in quotes, None, or "
+        "groups in parentheses."
+    )
+
+
+def _axis_sizes(mesh) -> dict[str, int]:
+    if isinstance(mesh, Mapping):
+        return dict(mesh)
+    return dict(mesh.shape)
+
+
+def _spec_text(spec: P) -> str:
+    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+
+
+def _names_text(names: Sequence[str]) -> str:
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_count: int) -> None:
+    """A mesh must have one name per axis and use exactly the devices at hand."""
+    if len(mesh_shape) != len(axis_names):
+        raise SpecError(
+            f"The mesh shape {tuple(mesh_shape)} has {len(mesh_shape)} axes but "
+            f"{len(axis_names)} names were given; give one name per axis."
+        )
+    size = math.prod(mesh_shape)
+    if size != device_count:
+        shape = "x".join(map(str, mesh_shape))
+        raise SpecError(
+            f"A {shape} mesh needs {size} devices but there are {device_count}; choose sizes "
+            f"that multiply to {device_count}."
+        )
+
+
+def check_sharding(array_shape: Sequence[int], mesh, spec: P) -> None:
+    """Check that ``spec`` can shard an array of ``array_shape`` over ``mesh``.
+
+    ``mesh`` is a ``jax.sharding.Mesh`` or a mapping from axis name to size. The checks mirror
+    what JAX rejects, but each failure names the fix in one sentence.
+    """
+    sizes = _axis_sizes(mesh)
+    if len(spec) > len(array_shape):
+        raise SpecError(
+            f"{_spec_text(spec)} has {len(spec)} entries but the array has rank "
+            f"{len(array_shape)}; use at most {len(array_shape)} entries."
+        )
+    seen = set()
+    for entry in spec:
+        for name in (entry,) if isinstance(entry, str) else (entry or ()):
+            if name not in sizes:
+                raise SpecError(
+                    f"Axis {name!r} is not in the mesh, whose axes are {_names_text(list(sizes))}; "
+                    "use one of those names."
+                )
+            if name in seen:
+                raise SpecError(
+                    f"Axis {name!r} is used twice in {_spec_text(spec)}; a mesh axis can shard "
+                    "only one array dimension."
+                )
+            seen.add(name)
+    for dim, (length, entry) in enumerate(zip(array_shape, spec)):
+        names = (entry,) if isinstance(entry, str) else (entry or ())
+        ways = math.prod(sizes[n] for n in names)
+        if length % ways:
+            over = " x ".join(f"{n}={sizes[n]}" for n in names)
+            raise SpecError(
+                f"Dimension {dim} has size {length}, which the {ways} devices of {over} cannot "
+                f"split evenly; use a size divisible by {ways} or shard it differently."
+            )
