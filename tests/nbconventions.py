@@ -1,0 +1,110 @@
+"""The chapter conventions of the book, checked on the committed notebooks.
+
+Run as a script (``python tests/nbconventions.py notebooks``) or through the test suite. Each
+finding is one line naming the notebook, the cell and the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What older tutorials write; the pinned JAX has removed or replaced each of these.
+STALE = [
+    (r"\bPositionalSharding\b", "removed: use NamedSharding + PartitionSpec"),
+    (r"jax\.experimental\.shard_map|experimental import shard_map", "use jax.shard_map"),
+    (r"\bcheck_rep\s*=", "renamed: check_vma"),
+    (r"\bjax\.tree_map\b", "removed: use jax.tree.map"),
+    (r"xla_force_host_platform_device_count", "use book.devices.setup (jax_num_cpu_devices)"),
+    (r"set_n_cpu_devices", "use book.devices.setup"),
+    (r"^\s*with\s+mesh\s*:", "use jax.set_mesh(mesh)"),
+    (r"\buse_mesh\b", "removed: use jax.set_mesh"),
+    (r"device_put_(sharded|replicated)", "removed: use jax.device_put with a NamedSharding"),
+    (r"\bPmapSharding\b", "removed"),
+    (r"hlo_module_to_dot_graph", "gone: use book.hlo"),
+    (r"(?<![\w.])eval\(", "never eval reader input: use book.specs"),
+]
+
+
+def repository() -> tuple[str, str]:
+    """The repository URL and branch from _config.yml (read without a YAML dependency)."""
+    text = (ROOT / "_config.yml").read_text()
+    url = re.search(r"^\s+url:\s*(\S+)", text, re.M).group(1)
+    branch = re.search(r"^\s+branch:\s*(\S+)", text, re.M).group(1)
+    return url, branch
+
+
+def source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _make_mesh_calls(src: str):
+    for m in re.finditer(r"jax\.make_mesh\(", src):
+        depth = 0
+        for j in range(m.end() - 1, len(src)):
+            depth += src[j] == "("
+            depth -= src[j] == ")"
+            if depth == 0:
+                yield src[m.start() : j + 1]
+                break
+
+
+def check_notebook(path: Path) -> list[str]:
+    nb = json.loads(path.read_text())
+    cells = nb["cells"]
+    code = [(i, c) for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    found = []
+    for i, cell in code:
+        src = source(cell)
+        if cell.get("outputs") or cell.get("execution_count") is not None:
+            found.append(f"{path.name}: cell {i} has outputs: commit chapters stripped")
+        for line in src.splitlines():
+            for pattern, why in STALE:
+                if re.search(pattern, line):
+                    found.append(f"{path.name}: cell {i}: `{line.strip()[:60]}`: {why}")
+        for call in _make_mesh_calls(src):
+            if "axis_types" not in call:
+                found.append(f"{path.name}: cell {i}: jax.make_mesh without axis_types")
+    if path.name[:2].isdigit():
+        found += _check_chapter(path, cells, code)
+    return found
+
+
+def _check_chapter(path, cells, code) -> list[str]:
+    found = []
+    first_md = source(cells[0]) if cells and cells[0]["cell_type"] == "markdown" else ""
+    if not first_md.lstrip().startswith("# "):
+        found.append(f"{path.name}: the first cell should be the H1 title and overview")
+    setup = source(code[0][1]) if code else ""
+    url, branch = repository()
+    for needed, why in [
+        ('find_spec("book")', "installs the book package only where it is missing"),
+        ("--no-deps", "never reinstalls the runtime's jax"),
+        (f"git+{url}@{branch}", "installs from the repository in _config.yml"),
+        ("book.devices.setup(", "chooses the devices before JAX starts"),
+    ]:
+        if needed not in setup:
+            found.append(f"{path.name}: the setup cell (first code cell) lacks {needed!r}: {why}")
+    markdown = "\n".join(source(c) for c in cells if c["cell_type"] == "markdown")
+    for heading in ("Summary", "Exercises"):
+        if not re.search(rf"^#+\s*{heading}", markdown, re.M):
+            found.append(f"{path.name}: no {heading} section")
+    return found
+
+
+def check_folder(folder: Path) -> list[str]:
+    found = []
+    for path in sorted(folder.glob("*.ipynb")):
+        found += check_notebook(path)
+    return found
+
+
+if __name__ == "__main__":
+    findings = check_folder(Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "notebooks"))
+    print("\n".join(findings))
+    sys.exit(1 if findings else 0)
