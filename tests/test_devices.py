@@ -1,0 +1,120 @@
+"""The device choice, with injected environments and device lists: no accelerator exists here."""
+
+import subprocess
+import sys
+
+import pytest
+
+from book import devices
+from book.devices import Accelerator
+
+
+def no_files(pattern):
+    return False
+
+
+@pytest.mark.parametrize(
+    "env, files, expected",
+    [
+        ({}, set(), None),
+        ({"COLAB_TPU_ADDR": "10.0.0.2:8470"}, set(), "tpu"),
+        ({"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, set(), "tpu"),
+        ({}, {"/dev/accel[0-9]*"}, "tpu"),
+        ({}, {"/dev/vfio/[0-9]*"}, "tpu"),
+        ({}, {"/dev/nvidia[0-9]*"}, "gpu"),
+    ],
+)
+def test_hint_reads_environment_and_device_files(env, files, expected):
+    assert devices.accelerator_hint(env, files.__contains__) == expected
+
+
+def test_no_hint_means_no_probe():
+    def probe():
+        raise AssertionError("the probe must not run without a hint")
+
+    assert devices.detect_accelerator({}, no_files, probe) is None
+
+
+def test_hint_runs_the_probe():
+    found = devices.detect_accelerator({"TPU_NAME": "x"}, no_files, lambda: Accelerator("tpu", 8))
+    assert found == Accelerator("tpu", 8)
+
+
+@pytest.mark.parametrize(
+    "accelerator, platform, count, mock, words",
+    [
+        (None, "cpu", 8, True, "no TPU or GPU was found"),
+        (Accelerator("tpu", 8), "tpu", 8, False, "8 TPU devices"),  # Kaggle TPU v5e-8, TPU v3-8
+        (Accelerator("gpu", 8), "gpu", 8, False, "8 GPU devices"),  # an 8-GPU node
+        (Accelerator("tpu", 1), "cpu", 8, True, "1 TPU device, fewer than 8"),  # free Colab TPU
+        (Accelerator("gpu", 1), "cpu", 8, True, "1 GPU device, fewer than 8"),  # Colab GPU
+    ],
+)
+def test_choose(accelerator, platform, count, mock, words):
+    plan = devices.choose(8, accelerator)
+    assert (plan.platform, plan.count, plan.mock) == (platform, count, mock)
+    assert words in plan.notice
+    assert plan.notice.count(".") == 1 and "\n" not in plan.notice
+
+
+def test_scaled_follows_the_platform():
+    assert devices.scaled(64, 4096, devices.choose(8, None)) == 64
+    assert devices.scaled(64, 4096, devices.choose(8, Accelerator("tpu", 8))) == 4096
+
+
+def run_python(code):
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_setup_gives_mock_devices_and_is_idempotent():
+    rc, out = run_python(
+        "import book.devices as d; d.setup(8); d.setup(8); import jax; "
+        "print(jax.device_count(), jax.default_backend())"
+    )
+    assert rc == 0, out
+    assert out.splitlines() == [
+        "Running on 8 mock CPU devices: no TPU or GPU was found.",
+        "Running on 8 mock CPU devices: no TPU or GPU was found.",
+        "8 cpu",
+    ]
+
+
+def test_single_accelerator_falls_back_to_mock_cpu():
+    rc, out = run_python(
+        "import book.devices as d; from book.devices import Accelerator; "
+        "d.setup(8, detect=lambda: Accelerator('tpu', 1)); import jax; "
+        "print(jax.device_count(), jax.default_backend())"
+    )
+    assert rc == 0, out
+    assert "fewer than 8" in out and out.splitlines()[-1] == "8 cpu"
+
+
+def test_setup_after_jax_started_says_restart():
+    rc, out = run_python(
+        "import jax; jax.numpy.zeros(1); import book.devices as d\n"
+        "try:\n    d.setup(8)\nexcept d.SetupError as e:\n    print('SAID:', e)"
+    )
+    assert rc == 0, out
+    said = out.split("SAID: ")[1].strip()
+    assert "restart the kernel" in said and said.count(".") == 1
+
+
+def test_setup_with_another_count_says_restart():
+    rc, out = run_python(
+        "import book.devices as d; d.setup(8)\n"
+        "try:\n    d.setup(4)\nexcept d.SetupError as e:\n    print('SAID:', e)"
+    )
+    assert rc == 0, out
+    assert "restart the kernel to run with 4" in out
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "8", True])
+def test_setup_rejects_odd_counts(bad):
+    with pytest.raises(devices.SetupError, match="positive whole number"):
+        devices.setup(bad)
+
+
+def test_reader_errors_render_as_one_line():
+    err = devices.SetupError("Restart the kernel.")
+    assert err._render_traceback_() == ["SetupError: Restart the kernel."]

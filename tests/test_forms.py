@@ -1,0 +1,65 @@
+"""The sharding explorer: a pure function of the reader's texts, and widgets around it."""
+
+import re
+
+import pytest
+
+from book import forms
+
+
+def test_mesh_shapes_of_eight():
+    assert forms.mesh_shapes(8) == [(8,), (1, 8), (2, 4), (4, 2), (8, 1), (2, 2, 2)]
+
+
+def test_spec_choices_follow_the_axis_names():
+    assert forms.spec_choices(("data", "model")) == [
+        "None", "'data'", "'model'", "('data', 'model')", "('model', 'data')",
+    ]
+
+
+def test_render_good_choice_shows_every_device():
+    html = forms.render_sharding("(8, 4)", "(2, 4)", "('data', 'model')", "P('data', 'model')")
+    assert len(re.findall(r"<b>device \d</b>", html)) == 8
+    assert "16 of 128 bytes per device" in html
+
+
+def test_render_3d_mesh_and_auto_axes():
+    html = forms.render_sharding("(4, 4, 2)", "2x2x2", "a, b, c", "P('a', 'b', 'c')", "Auto")
+    assert "each shard held by 1 device" in html
+
+
+@pytest.mark.parametrize(
+    "args, sentence",
+    [
+        (("(8, 4)", "(2, 4)", "data, model", "P('data', 'data')"), "is used twice"),
+        (("(8, 4)", "(2, 4)", "data, model", "P('rows')"), "is not in the mesh"),
+        (("(6, 4)", "(2, 4)", "data, model", "P('model')"), "cannot split evenly"),
+        (("(8, 4)", "(4, 4)", "data, model", "P()"), "needs 16 devices but there are 8"),
+        (("(8,)", "(2, 4)", "data, model", "P('data', None)"), "array has rank 1"),
+        (("(8, 4)", "(2, 4)", "data", "P()"), "one name per axis"),
+        (("(8, 4)", "(2, 4)", "data, model", "__import__('os')"), "is not allowed in a partition spec"),
+        (("(8, four)", "(2, 4)", "data, model", "P()"), "Could not read 'four'"),
+        (("(128, 128)", "(2, 4)", "data, model", "P()"), "keep it under"),
+    ],
+)
+def test_render_bad_choices_give_one_sentence(args, sentence):
+    html = forms.render_sharding(*args)
+    assert "bk-error" in html and sentence.replace("'", "&#x27;") in html
+    assert "<b>device" not in html
+
+
+def test_explorer_widgets_follow_the_choices():
+    form = forms.sharding_explorer("(8, 4)")
+    controls, dims, spec_label, out = form.children
+    mesh_box = controls.children[0].children[1]
+    names_box = controls.children[1].children[0]
+    assert [d.description for d in dims.children] == ["dim 0", "dim 1"]
+    dims.children[0].value = "'data'"
+    assert spec_label.value == "<code>P('data', None)</code>"
+    assert "4 of 8" not in out.value and "each shard held by 4 devices" in out.value
+    mesh_box.value = (2, 2, 2)  # three axes: the names follow
+    assert names_box.value == "pipe, data, model"
+    assert "'pipe'" in dims.children[0].options
+    dims.children[0].value = "'pipe'"
+    dims.children[1].value = "'pipe'"
+    assert "used twice" in out.value

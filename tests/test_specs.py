@@ -1,0 +1,137 @@
+"""Parsing and checking what a reader types: every mistake is one plain sentence."""
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from book.specs import (
+    SpecError,
+    check_mesh,
+    check_sharding,
+    parse_axis_names,
+    parse_mesh_shape,
+    parse_partition_spec,
+    parse_shape,
+)
+
+MESH = {"data": 2, "model": 4}
+
+
+@pytest.mark.parametrize(
+    "text, shape",
+    [("(4, 2)", (4, 2)), ("4x2", (4, 2)), ("[2, 2, 2]", (2, 2, 2)), ("8", (8,)), ("(8,)", (8,))],
+)
+def test_mesh_shapes(text, shape):
+    assert parse_mesh_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["", "(4, two)", "(4, -2)", "(0, 8)", "4.5", "(2,,4)", "1" * 300])
+def test_bad_mesh_shapes(text):
+    with pytest.raises(SpecError):
+        parse_mesh_shape(text)
+
+
+def test_shape_message_names_the_bad_part():
+    with pytest.raises(SpecError, match="Could not read 'two'"):
+        parse_shape("(4, two)")
+
+
+@pytest.mark.parametrize(
+    "text, names",
+    [("('data', 'model')", ("data", "model")), ("data, model", ("data", "model")), ("x", ("x",))],
+)
+def test_axis_names(text, names):
+    assert parse_axis_names(text) == names
+
+
+@pytest.mark.parametrize(
+    "text, why", [("data, data", "appears twice"), ("data, 2x", "not a usable axis name")]
+)
+def test_bad_axis_names(text, why):
+    with pytest.raises(SpecError, match=why):
+        parse_axis_names(text)
+
+
+@pytest.mark.parametrize(
+    "text, spec",
+    [
+        ("P('data', None)", P("data", None)),
+        ("PartitionSpec(None, 'model')", P(None, "model")),
+        ("P('data', 'model')", P("data", "model")),
+        ("P(('data', 'model'), None)", P(("data", "model"), None)),
+        ("P()", P()),
+        ("('data', None)", P("data", None)),
+        ("(('data', 'model'), None)", P(("data", "model"), None)),
+        ("'data', None", P("data", None)),
+        ('P("data")', P("data")),
+        ("P(data, None)", P("data", None)),
+        ("P(('data',), None)", P("data", None)),
+    ],
+)
+def test_partition_specs(text, spec):
+    assert parse_partition_spec(text) == spec
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('echo hacked')",
+        "P(open('/etc/passwd').read())",
+        "P('data'); import os",
+        "P(lambda: 0)",
+        "P(*['data'])",
+        "P('data' + 'x')",
+        "P(f('data'))",
+        "P((('data',),))",
+        "P(('data', None))",
+        "P(('data'",
+        "exec('1')",
+        "P('data' 'model')",
+        "x" * 500,
+    ],
+)
+def test_malicious_or_broken_specs_are_refused_without_evaluation(text, capfd):
+    with pytest.raises(SpecError) as info:
+        parse_partition_spec(text)
+    message = str(info.value)
+    assert message.endswith(".") and "\n" not in message
+    assert "hacked" not in capfd.readouterr().out
+
+
+def test_check_sharding_accepts_good_layouts():
+    check_sharding((8, 4), MESH, P("data", "model"))
+    check_sharding((8, 4), MESH, P(("data", "model"), None))
+    check_sharding((8, 4), MESH, P())
+
+
+@pytest.mark.parametrize(
+    "shape, spec, why",
+    [
+        ((8, 4), P("data", "data"), "Axis 'data' is used twice"),
+        ((8, 4), P(("data", "model"), "model"), "Axis 'model' is used twice"),
+        ((8, 4), P("rows"), "Axis 'rows' is not in the mesh, whose axes are 'data' and 'model'"),
+        ((6, 4), P("model"), "Dimension 0 has size 6, which the 4 devices of model=4"),
+        ((12, 4), P(("data", "model")), "size divisible by 8"),
+        ((8,), P("data", None), "has 2 entries but the array has rank 1"),
+    ],
+)
+def test_check_sharding_explains(shape, spec, why):
+    with pytest.raises(SpecError, match=why.replace("(", r"\(").replace(")", r"\)")) as info:
+        check_sharding(shape, MESH, spec)
+    assert str(info.value).count(". ") == 0 and str(info.value).endswith(".")
+
+
+def test_check_mesh():
+    check_mesh((2, 4), ("data", "model"), 8)
+    with pytest.raises(SpecError, match="A 4x4 mesh needs 16 devices but there are 8"):
+        check_mesh((4, 4), ("data", "model"), 8)
+    with pytest.raises(SpecError, match="give one name per axis"):
+        check_mesh((2, 2, 2), ("data", "model"), 8)
+
+
+def test_check_sharding_takes_a_real_mesh():
+    import jax
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    with pytest.raises(SpecError, match="cannot split evenly"):
+        check_sharding((6, 4), mesh, P("model", None))
