@@ -235,16 +235,24 @@ def _quote(text: str) -> str:
     return f'"{escaped}"'
 
 
+_GRAPH_STYLE = (
+    'graph [fontname="Helvetica"]; node [shape=box style="rounded,filled" fontname="Helvetica"];'
+)
+
+
 def mesh_diagram(mesh, *, title: str | None = None) -> Diagram:
-    """The mesh as a grid of device ids at their mesh coordinates: device order made visible."""
+    """The mesh as a grid of device ids at their mesh coordinates: device order made visible.
+
+    Each box shows a device id and, below it, the device's coordinates along the mesh axes.
+    """
     devices = np.asarray(mesh.devices)
     names = tuple(mesh.axis_names)
     grid = devices.reshape(1, -1) if devices.ndim == 1 else devices.reshape(devices.shape[0], -1)
-    lines = ["digraph mesh {", 'node [shape=box style="rounded,filled" fontname="Helvetica"];']
+    lines = ["digraph mesh {", _GRAPH_STYLE]
     step_x, step_y = 90, 60
     for pos, device in np.ndenumerate(devices):
         r, c = np.argwhere(grid == device)[0]
-        coord = ", ".join(f"{n}={i}" for n, i in zip(names, pos))
+        coord = "(" + ", ".join(map(str, pos)) + ")"
         fill = PALETTE[device.id % len(PALETTE)]
         lines.append(
             f'd{device.id} [label=<<b>{device.id}</b><br/><font point-size="9">{coord}</font>> '
@@ -280,7 +288,7 @@ def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
     groups = list(range(n)) if groups is None else list(groups)
     colours = {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(dict.fromkeys(groups))}
     radius = 40 + 22 * n
-    lines = ["digraph ring {", 'node [shape=box style="rounded,filled" fontname="Helvetica"];']
+    lines = ["digraph ring {", _GRAPH_STYLE]
     for k, (label, group) in enumerate(zip(labels, groups)):
         angle = math.pi / 2 - 2 * math.pi * k / n
         x, y = radius * math.cos(angle), radius * math.sin(angle)
