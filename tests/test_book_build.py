@@ -1,0 +1,65 @@
+"""The book builds with warnings as errors, and its pages carry the executed outputs."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nbconventions import ROOT, repository
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
+
+
+@pytest.fixture(scope="module")
+def html(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    jupyter_book = Path(sys.executable).parent / "jupyter-book"
+    done = subprocess.run(
+        [str(jupyter_book), "build", str(ROOT), "--path-output", str(out), "--warningiserror"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out / "_build" / "html"
+
+
+def page(html, stem):
+    return (html / "notebooks" / f"{stem}.html").read_text()
+
+
+def chapters():
+    return sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_every_chapter_has_a_page_without_errors(html):
+    for stem in chapters():
+        text = page(html, stem)
+        assert "Traceback" not in text and "output error" not in text, stem
+
+
+def test_colab_buttons_point_at_each_chapter_on_main(html):
+    url, branch = repository()
+    repo = url.removeprefix("https://github.com/")
+    for stem in chapters():
+        link = f"colab.research.google.com/github/{repo}/blob/{branch}/notebooks/{stem}.ipynb"
+        assert link in page(html, stem), stem
+
+
+def test_chapter_01_shows_devices_and_diagrams(html):
+    text = page(html, "01_devices_and_meshes")
+    assert "8 devices, 8 local to process 0 of 1" in text
+    diagrams = re.findall(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.svg"', text)
+    if shutil.which("neato"):
+        assert len(diagrams) >= 3  # the 2x4 and 2x2x2 meshes, the TPU v3-8 ring
+    assert "order along the mesh axis: [0, 1, 2, 3, 6, 7, 4, 5]" in text
+
+
+def test_chapter_02_shows_shardings_and_shard_tables(html):
+    text = page(html, "02_sharded_arrays")
+    assert text.count("class='bk-dev'") >= 8 * 5
+    assert "each shard held by 4 devices" in text
+    assert "A 4x4 mesh needs 16 devices but there are 8" in text
