@@ -98,7 +98,10 @@ def choose(n: int, accelerator: Accelerator | None) -> Plan:
     if accelerator is not None and accelerator.count >= n:
         name = accelerator.platform.upper()
         return Plan(
-            n, accelerator.platform, accelerator.count, False,
+            n,
+            accelerator.platform,
+            accelerator.count,
+            False,
             f"Running on {accelerator.count} {name} devices.",
         )
     if accelerator is not None:

@@ -15,7 +15,9 @@ from jax.sharding import PartitionSpec as P
 from book.errors import ReaderError
 
 MAX_TEXT = 200
-_TOKEN = re.compile(r"\s*(?:(?P<str>'[^'\\]*'|\"[^\"\\]*\")|(?P<name>[A-Za-z_]\w*)|(?P<punct>[(),\[\]]))")
+_TOKEN = re.compile(
+    r"\s*(?:(?P<str>'[^'\\]*'|\"[^\"\\]*\")|(?P<name>[A-Za-z_]\w*)|(?P<punct>[(),\[\]]))"
+)
 _NAME = re.compile(r"[A-Za-z_]\w*\Z")
 
 
@@ -88,7 +90,9 @@ def parse_axis_names(text: str) -> tuple[str, ...]:
             )
     for name in names:
         if names.count(name) > 1:
-            raise SpecError(f"The axis name {name!r} appears twice; give each mesh axis its own name.")
+            raise SpecError(
+                f"The axis name {name!r} appears twice; give each mesh axis its own name."
+            )
     return tuple(names)
 
 
@@ -124,7 +128,9 @@ def parse_partition_spec(text: str) -> P:
         if len(toks) < 2 or toks[1] != ("punct", "(") or toks[-1] != ("punct", ")"):
             raise SpecError("Write the spec as P(...), with its entries inside the parentheses.")
         toks = toks[2:-1]
-    elif len(toks) >= 2 and toks[0] == ("punct", "(") and toks[-1] == ("punct", ")") and _wraps(toks):
+    elif (
+        len(toks) >= 2 and toks[0] == ("punct", "(") and toks[-1] == ("punct", ")") and _wraps(toks)
+    ):
         toks = toks[1:-1]
     entries, i = [], 0
     while i < len(toks):

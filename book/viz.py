@@ -17,8 +17,22 @@ from dataclasses import dataclass
 import numpy as np
 
 PALETTE = (
-    "#cfe2f3", "#fce5cd", "#d9ead3", "#f4cccc", "#d9d2e9", "#fff2cc", "#d0e0e3", "#ead1dc",
-    "#b6d7a8", "#f9cb9c", "#a4c2f4", "#ffe599", "#b4a7d6", "#ea9999", "#a2c4c9", "#d5a6bd",
+    "#cfe2f3",
+    "#fce5cd",
+    "#d9ead3",
+    "#f4cccc",
+    "#d9d2e9",
+    "#fff2cc",
+    "#d0e0e3",
+    "#ead1dc",
+    "#b6d7a8",
+    "#f9cb9c",
+    "#a4c2f4",
+    "#ffe599",
+    "#b4a7d6",
+    "#ea9999",
+    "#a2c4c9",
+    "#d5a6bd",
 )
 MAX_ROWS, MAX_COLS, MAX_SLICES = 8, 8, 4
 
@@ -206,8 +220,8 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None) -> Render
     s = summarize(x)
     mesh_note = ""
     if mesh_shape is not None:
-        mesh_note = " on a " + "x".join(map(str, mesh_shape)) + " mesh " + str(
-            tuple(n for n in names if n)
+        mesh_note = (
+            " on a " + "x".join(map(str, mesh_shape)) + " mesh " + str(tuple(n for n in names if n))
         )
     summary = (
         f"array {s.shape} {s.dtype}{mesh_note}: shard shape {s.shard_shape}, "

@@ -13,7 +13,11 @@ def test_mesh_shapes_of_eight():
 
 def test_spec_choices_follow_the_axis_names():
     assert forms.spec_choices(("data", "model")) == [
-        "None", "'data'", "'model'", "('data', 'model')", "('model', 'data')",
+        "None",
+        "'data'",
+        "'model'",
+        "('data', 'model')",
+        "('model', 'data')",
     ]
 
 
@@ -37,7 +41,7 @@ def test_render_3d_mesh_and_auto_axes():
         (("(8, 4)", "(4, 4)", "data, model", "P()"), "needs 16 devices but there are 8"),
         (("(8,)", "(2, 4)", "data, model", "P('data', None)"), "array has rank 1"),
         (("(8, 4)", "(2, 4)", "data", "P()"), "one name per axis"),
-        (("(8, 4)", "(2, 4)", "data, model", "__import__('os')"), "is not allowed in a partition spec"),
+        (("(8, 4)", "(2, 4)", "data, model", "__import__('os')"), "is not allowed"),
         (("(8, four)", "(2, 4)", "data, model", "P()"), "Could not read 'four'"),
         (("(128, 128)", "(2, 4)", "data, model", "P()"), "keep it under"),
     ],

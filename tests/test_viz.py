@@ -18,8 +18,11 @@ def put(values, m, spec):
 
 
 def test_summary_of_a_2d_sharding():
-    x = put(np.arange(32, dtype=np.float32).reshape(8, 4), mesh((2, 4), ("data", "model")),
-            P("data", None))
+    x = put(
+        np.arange(32, dtype=np.float32).reshape(8, 4),
+        mesh((2, 4), ("data", "model")),
+        P("data", None),
+    )
     s = viz.summarize(x)
     assert s.shard_shape == (4, 4)
     assert s.bytes_per_device == 4 * 4 * 4 and s.total_bytes == 32 * 4
