@@ -1,0 +1,70 @@
+"""book.cost: the textbook formulas, on hand-computed values and on compiled programs."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import book.cost
+import book.hlo
+
+
+def test_matmul_flops():
+    # (2, 3) @ (3, 4): 8 outputs, each 3 multiply-adds, 2 FLOPs each.
+    assert book.cost.matmul_flops(2, 3, 4) == 48
+    assert book.cost.matmul_flops(2, 3, 4, batch=5) == 240
+
+
+def test_ring_formulas_by_hand():
+    # 800 bytes on 8 devices: pieces of 100 bytes, 7 of them move per pass.
+    assert book.cost.all_gather_bytes(800, 8) == 700
+    assert book.cost.reduce_scatter_bytes(800, 8) == 700
+    assert book.cost.all_reduce_bytes(800, 8) == 1400
+    assert book.cost.all_to_all_bytes(800, 8) == 700
+    assert book.cost.collective_permute_bytes(800) == 800
+    # Two devices exchange halves; one device sends nothing.
+    assert book.cost.all_reduce_bytes(64, 2) == 64
+    assert book.cost.all_gather_bytes(64, 1) == 0
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, True])
+def test_a_ring_needs_a_positive_whole_number(n):
+    with pytest.raises(ValueError, match="positive whole number"):
+        book.cost.all_gather_bytes(8, n)
+
+
+def test_ring_bytes_of_compiled_collectives():
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    x = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("x", None)))
+
+    (reduce,) = book.hlo.collectives(jax.jit(lambda x: x.sum(0)).lower(x).compile())
+    assert reduce.bytes == 32
+    assert book.cost.ring_bytes(reduce) == 2 * 7 / 8 * 32 == 56
+
+    replicated = NamedSharding(mesh, P())
+    lowered = jax.jit(lambda x: x, out_shardings=replicated).lower(x)
+    (gather,) = book.hlo.collectives(lowered.compile())
+    assert book.cost.ring_bytes(gather) == 7 / 8 * 512 == 448
+
+    scatter = jax.shard_map(
+        lambda y: jax.lax.psum_scatter(y, "x", tiled=True),
+        mesh=mesh,
+        in_specs=P(),
+        out_specs=P("x"),
+    )
+    (rs,) = book.hlo.collectives(jax.jit(scatter).lower(jnp.ones((16, 8))).compile())
+    # The row holds the scattered piece (64 bytes); the formula wants the full input (512).
+    assert book.cost.ring_bytes(rs) == 7 / 8 * 512
+
+    ring = [(i, (i + 1) % 8) for i in range(8)]
+    shift = jax.shard_map(
+        lambda y: jax.lax.ppermute(y, "x", ring), mesh=mesh, in_specs=P("x"), out_specs=P("x")
+    )
+    (permute,) = book.hlo.collectives(jax.jit(shift).lower(x).compile())
+    assert book.cost.ring_bytes(permute) == 64
+
+
+def test_a_permute_onto_itself_moves_nothing():
+    row = book.hlo.Collective("collective-permute", (4,), "float32", 16, ((0, 0), (1, 1)))
+    assert book.cost.ring_bytes(row) == 0
