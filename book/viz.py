@@ -37,13 +37,13 @@ PALETTE = (
 MAX_ROWS, MAX_COLS, MAX_SLICES = 8, 8, 4
 
 _CSS = """<style>
-.bk-viz{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;color:#222}
+.bk-viz{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:11px;color:#222}
 .bk-grid{display:grid;gap:6px;margin:4px 0}
-.bk-dev{border:1px solid #999;border-radius:4px;padding:4px 6px}
+.bk-dev{border:1px solid #999;border-radius:4px;padding:3px 5px}
 .bk-dev b{font-size:13px}
 .bk-idx{color:#555}
 .bk-vals{border-collapse:collapse;margin-top:2px}
-.bk-vals td{padding:0 4px;text-align:right;border:none;background:transparent}
+.bk-vals td{padding:0 2px;text-align:right;border:none;background:transparent}
 .bk-sum{margin-top:4px;color:#333}
 .bk-error{color:#a00;font-weight:bold}
 </style>"""
