@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from book import specs, viz
+from book import specs, static_forms, viz
 
 AXIS_TYPES = ("Explicit", "Auto")
 DEFAULT_NAMES = {1: "data", 2: "data, model", 3: "pipe, data, model"}
@@ -92,8 +92,48 @@ def _spec_repr(partition) -> str:
     return "P(" + ", ".join(repr(e) for e in partition) + ")"
 
 
-def sharding_explorer(array_shape: str = "(8, 4)"):
-    """The sharding explorer: pick mesh, axis names and types, and a spec per array dimension."""
+def static_sharding_explorer(array_shape: str = "(8, 4)") -> str:
+    """The explorer without a kernel: every mesh shape and spec pre-rendered for one array.
+
+    Axis names are the defaults for each mesh rank, and the axis type is left out: it changes
+    how later operations propagate shardings, not where the values of this array live.
+    """
+    import jax
+
+    rank = len(specs.parse_shape(array_shape))
+
+    def dims(mesh_text):
+        names = specs.parse_axis_names(DEFAULT_NAMES[len(specs.parse_mesh_shape(mesh_text))])
+        return [(f"dim {k}", spec_choices(names)) for k in range(rank)]
+
+    def render(mesh_text, *entries):
+        names = DEFAULT_NAMES[len(specs.parse_mesh_shape(mesh_text))]
+        spec = "P(" + ", ".join(entries) + ")"
+        shown = render_sharding(array_shape, mesh_text, names, spec)
+        return shown.replace(viz.STYLE, "")
+
+    meshes = ["x".join(map(str, s)) for s in mesh_shapes(jax.device_count())]
+    return viz.STYLE + static_forms.static_form(
+        ("mesh shape", meshes),
+        dims,
+        render,
+        note=f"Array {array_shape} of its own flat indices; axis names follow the mesh "
+        "rank. Run the notebook to change the array, the names and the axis types.",
+    )
+
+
+def sharding_explorer(array_shape: str = "(8, 4)") -> static_forms.Form:
+    """The sharding explorer: pick mesh, axis names and types, and a spec per array dimension.
+
+    A kernel shows the live widget; the online book shows the pre-rendered twin.
+    """
+    return static_forms.Form(
+        _sharding_widget(array_shape), static_sharding_explorer(array_shape)
+    )
+
+
+def _sharding_widget(array_shape: str):
+    """The live ipywidgets form around ``render_sharding``."""
     import ipywidgets as w
     import jax
 

@@ -36,13 +36,13 @@ PALETTE = (
 )
 MAX_ROWS, MAX_COLS, MAX_SLICES = 8, 8, 4
 
-_CSS = """<style>
+STYLE = """<style>
 .bk-viz{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:11px;color:#222}
 .bk-grid{display:grid;gap:6px;margin:4px 0}
 .bk-dev{border:1px solid #999;border-radius:4px;padding:3px 5px}
 .bk-dev b{font-size:13px}
 .bk-idx{color:#555}
-.bk-vals{border-collapse:collapse;margin-top:2px}
+.bk-vals{border-collapse:collapse;margin-top:2px;font:inherit}
 .bk-vals td{padding:0 2px;text-align:right;border:none;background:transparent}
 .bk-sum{margin-top:4px;color:#333}
 .bk-error{color:#a00;font-weight:bold}
@@ -230,7 +230,7 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None) -> Render
     )
     heading = f"<div><b>{html.escape(title)}</b></div>" if title else ""
     body = (
-        f"{_CSS}<div class='bk-viz'>{heading}<div class='bk-grid' "
+        f"{STYLE}<div class='bk-viz'>{heading}<div class='bk-grid' "
         f"style='grid-template-columns:repeat({grid.shape[1]},max-content)'>{''.join(cells)}</div>"
         f"<div class='bk-sum'>{html.escape(summary)}</div></div>"
     )
@@ -240,7 +240,7 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None) -> Render
 
 def error_html(message: str) -> str:
     """A reader's mistake, shown as its one sentence in place of a result."""
-    return f"{_CSS}<div class='bk-viz bk-error'>{html.escape(message)}</div>"
+    return f"{STYLE}<div class='bk-viz bk-error'>{html.escape(message)}</div>"
 
 
 def _quote(text: str) -> str:

@@ -1,10 +1,11 @@
 """The sharding explorer: a pure function of the reader's texts, and widgets around it."""
 
+import json
 import re
 
 import pytest
 
-from book import forms
+from book import forms, viz
 
 
 def test_mesh_shapes_of_eight():
@@ -54,7 +55,7 @@ def test_render_bad_choices_give_one_sentence(args, sentence):
 
 def test_explorer_widgets_follow_the_choices():
     form = forms.sharding_explorer("(8, 4)")
-    controls, dims, spec_label, out = form.children
+    controls, dims, spec_label, out = form.widget.children
     mesh_box = controls.children[0].children[1]
     names_box = controls.children[1].children[0]
     assert [d.description for d in dims.children] == ["dim 0", "dim 1"]
@@ -67,3 +68,21 @@ def test_explorer_widgets_follow_the_choices():
     dims.children[0].value = "'pipe'"
     dims.children[1].value = "'pipe'"
     assert "used twice" in out.value
+
+
+def test_explorer_shows_the_widget_to_a_kernel_and_the_twin_to_the_book():
+    bundle = forms.sharding_explorer("(8, 4)")._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert "<select>" in bundle["text/html"] and "bk-data" in bundle["text/html"]
+
+
+def test_static_twin_holds_every_choice():
+    twin = forms.static_sharding_explorer("(8, 4)")
+    data = json.loads(re.search(r"class='bk-data'>(.*?)</script>", twin).group(1))
+    # 1D mesh: 2 choices per dimension; four 2D meshes: 5; the 2x2x2 mesh: 10
+    assert len(data["keys"]) == 2**2 + 4 * 5**2 + 10**2
+    key = "2x4|'data'|'model'"
+    assert data["views"][data["keys"][key]] == forms.render_sharding(
+        "(8, 4)", "2x4", "data, model", "P('data', 'model')"
+    ).replace(viz.STYLE, "")
+    assert "is used twice" in data["views"][data["keys"]["2x4|'data'|'data'"]]

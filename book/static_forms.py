@@ -1,0 +1,109 @@
+"""Kernel-free twins of the forms, for the online book, where no kernel runs.
+
+A form's pure function is pre-rendered for every choice its static twin offers; the page keeps
+the results and a few lines of JavaScript show the one matching the selects. ``Form`` pairs the
+live widget with that twin: a notebook front end shows the widget, while the book's HTML
+builder, told to skip widget views, shows the twin.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import uuid
+from collections.abc import Callable, Sequence
+
+_SCRIPT = """<script>(function () {
+  var root = document.currentScript.parentElement;
+  var data = JSON.parse(root.querySelector("script.bk-data").textContent);
+  var selects = root.querySelectorAll("select");
+  var out = root.querySelector(".bk-out");
+  function fill(select, options) {
+    var keep = select.value;
+    select.innerHTML = "";
+    options.forEach(function (o) { select.add(new Option(o, o)); });
+    select.value = options.indexOf(keep) >= 0 ? keep : options[0];
+  }
+  function show() {
+    var key = Array.prototype.map.call(selects, function (s) { return s.value; }).join("|");
+    out.innerHTML = data.views[data.keys[key]];
+  }
+  function follow() {
+    var rest = data.rest[selects[0].value];
+    for (var i = 1; i < selects.length; i++) { fill(selects[i], rest[i - 1]); }
+    show();
+  }
+  selects[0].addEventListener("change", follow);
+  for (var i = 1; i < selects.length; i++) { selects[i].addEventListener("change", show); }
+  follow();
+})();</script>"""
+
+_CSS = """<style>
+.bk-form{border:1px solid #ccc;border-radius:6px;padding:8px;margin:6px 0}
+.bk-form label{margin-right:12px;font-size:13px}
+.bk-form select{margin-left:4px}
+.bk-note{font-size:12px;color:#666;margin:4px 0}
+</style>"""
+
+
+class Form:
+    """A live ipywidgets form for a kernel, with a pre-rendered static twin for the book."""
+
+    def __init__(self, widget, static_html: str):
+        self.widget = widget
+        self.static_html = static_html
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude))
+        bundle["text/html"] = self.static_html
+        return bundle
+
+
+def static_form(
+    first: tuple[str, Sequence[str]],
+    rest: Callable[[str], Sequence[tuple[str, Sequence[str]]]],
+    render: Callable[..., str],
+    note: str = "",
+) -> str:
+    """HTML selects plus every rendering they can ask for, switched by JavaScript.
+
+    ``first`` is (label, options) of the control that decides what the others offer;
+    ``rest(value)`` gives the other controls' (label, options) for one value of the first, in
+    the order ``render`` takes them after it. Identical renderings are stored once.
+    """
+    label, options = first
+    views, index, keys, rest_options = [], {}, {}, {}
+    rest_labels = None
+    for value in options:
+        controls = list(rest(value))
+        rest_labels = rest_labels or [name for name, _ in controls]
+        rest_options[value] = [list(opts) for _, opts in controls]
+        for combo in itertools.product(*rest_options[value]):
+            shown = render(value, *combo)
+            if shown not in index:
+                index[shown] = len(views)
+                views.append(shown)
+            keys["|".join((value, *combo))] = index[shown]
+    data = json.dumps({"views": views, "keys": keys, "rest": rest_options})
+    selects = [_select(label, options)] + [_select(name, []) for name in rest_labels or []]
+    note_html = f"<div class='bk-note'>{html.escape(note)}</div>" if note else ""
+    return (
+        f"{_CSS}<div class='bk-form' id='bk-form-{uuid.uuid4().hex[:8]}'>{note_html}"
+        f"<div>{''.join(selects)}</div><div class='bk-out'></div>"
+        f"<script type='application/json' class='bk-data'>{_safe_json(data)}</script>"
+        f"{_SCRIPT}</div>"
+    )
+
+
+def _select(label: str, options: Sequence[str]) -> str:
+    items = "".join(
+        f"<option value='{html.escape(o, quote=True)}'>{html.escape(o)}</option>" for o in options
+    )
+    return f"<label>{html.escape(label)}<select>{items}</select></label>"
+
+
+def _safe_json(text: str) -> str:
+    """JSON that cannot close its own <script> element."""
+    return text.replace("</", "<\\/")
+

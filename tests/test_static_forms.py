@@ -1,0 +1,46 @@
+"""The kernel-free twin of a form: every choice pre-rendered, stored once, safely embedded."""
+
+import json
+import re
+
+from book import static_forms
+
+
+def data_of(page):
+    return json.loads(re.search(r"class='bk-data'>(.*?)</script>", page).group(1))
+
+
+def test_every_combination_is_rendered_once():
+    calls = []
+
+    def render(first, second):
+        calls.append((first, second))
+        return "even" if (len(first) + len(second)) % 2 == 0 else "odd"
+
+    page = static_forms.static_form(
+        ("letters", ["a", "bb"]), lambda v: [("pick", ["x", "yy", "z"][: len(v) + 1])], render
+    )
+    data = data_of(page)
+    assert calls == [("a", "x"), ("a", "yy"), ("bb", "x"), ("bb", "yy"), ("bb", "z")]
+    assert data["views"] == ["even", "odd"]  # identical renderings are stored once
+    assert data["keys"] == {"a|x": 0, "a|yy": 1, "bb|x": 1, "bb|yy": 0, "bb|z": 1}
+    assert data["rest"] == {"a": [["x", "yy"]], "bb": [["x", "yy", "z"]]}
+
+
+def test_renderings_cannot_break_out_of_their_script():
+    page = static_forms.static_form(
+        ("k", ["v"]), lambda v: [], lambda v: "</script><script>alert(1)</script>"
+    )
+    embedded = re.search(r"class='bk-data'>(.*?)</script>", page, re.S).group(1)
+    assert "</script>" not in embedded
+    assert data_of(page)["views"] == ["</script><script>alert(1)</script>"]
+
+
+def test_form_adds_the_twin_to_the_widget_bundle():
+    class FakeWidget:
+        def _repr_mimebundle_(self, include=None, exclude=None):
+            return {"text/plain": "VBox()", "application/vnd.jupyter.widget-view+json": {}}
+
+    bundle = static_forms.Form(FakeWidget(), "<p>twin</p>")._repr_mimebundle_()
+    assert bundle["text/html"] == "<p>twin</p>"
+    assert "application/vnd.jupyter.widget-view+json" in bundle
