@@ -2,9 +2,6 @@
 
 import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,17 +11,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 
 
 @pytest.fixture(scope="module")
-def html(tmp_path_factory):
-    out = tmp_path_factory.mktemp("book")
-    jupyter_book = Path(sys.executable).parent / "jupyter-book"
-    done = subprocess.run(
-        [str(jupyter_book), "build", str(ROOT), "--path-output", str(out), "--warningiserror"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out / "_build" / "html"
+def html(built_book):
+    return built_book
 
 
 def page(html, stem):

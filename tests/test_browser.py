@@ -1,0 +1,129 @@
+"""The rendered book in a real browser (Debian's Chromium): no console errors, nothing fetched
+from outside the book, executed outputs present, and forms that answer without a kernel.
+
+A full-page screenshot of every page is saved in _build/screenshots for people to look at.
+"""
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from urllib.parse import urlparse
+
+import pytest
+
+from nbconventions import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+if CHROMIUM is None and os.environ.get("CI"):
+    raise RuntimeError("CI needs Chromium for the browser tests: apt-get install chromium")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def pages():
+    stems = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return ["intro"] + stems
+
+
+@pytest.fixture(scope="module")
+def site(built_book):
+    handler = functools.partial(QuietHandler, directory=str(built_book))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+def visit(browser, url):
+    """Open a page; return it with its console errors and the requests that left the book."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors, outside = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    origin = urlparse(url).netloc
+
+    def record(request):
+        parsed = urlparse(request.url)
+        if parsed.scheme not in ("data", "blob", "about") and parsed.netloc != origin:
+            outside.append(request.url)
+
+    page.on("request", record)
+    page.goto(url, wait_until="networkidle")
+    return page, errors, outside
+
+
+@needs_chromium
+@pytest.mark.parametrize("stem", pages())
+def test_page_loads_cleanly_and_shows_its_outputs(browser, site, stem):
+    page, errors, outside = visit(browser, f"{site}/notebooks/{stem}.html")
+    shots = ROOT / "_build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / f"{stem}.png"), full_page=True)
+    assert errors == []
+    assert outside == []
+    if stem != "intro":
+        assert page.locator(".cell_output").count() > 0
+        assert page.locator(".cell_output .output.error, .output.traceback").count() == 0
+    page.close()
+
+
+@needs_chromium
+@pytest.mark.parametrize("stem", pages())
+def test_forms_answer_without_a_kernel(browser, site, stem):
+    page, errors, _ = visit(browser, f"{site}/notebooks/{stem}.html")
+    forms = page.locator(".bk-form")
+    for k in range(forms.count()):
+        form = forms.nth(k)
+        out = form.locator(".bk-out")
+        assert out.inner_html().strip(), "a form shows its first choice on load"
+        selects = form.locator("select")
+        for s in range(selects.count()):
+            select = selects.nth(s)
+            options = select.locator("option").all_inner_texts()
+            if len(options) < 2:
+                continue
+            before = out.inner_html()
+            other = next(o for o in options if o != select.input_value())
+            select.select_option(other)
+            assert out.inner_html() != before, f"choosing {other!r} changed nothing"
+    assert errors == []
+    page.close()
+
+
+@needs_chromium
+def test_the_sharding_explorer_is_on_its_page(browser, site):
+    page, _, _ = visit(browser, f"{site}/notebooks/02_sharded_arrays.html")
+    form = page.locator(".bk-form").first
+    form.locator("select").nth(0).select_option("2x2x2")
+    form.locator("select").nth(1).select_option("('data', 'model')")
+    assert "P(('data', 'model'), None)" in form.locator(".bk-out").inner_text()
+    form.locator("select").nth(2).select_option("('data', 'model')")
+    assert "used twice" in form.locator(".bk-out").inner_text()
+    page.close()
