@@ -1,0 +1,293 @@
+"""Start several JAX processes on this machine, the way a cluster starts one per host.
+
+Multi-controller JAX runs one Python process per host, all running the same program. Part IV
+runs such programs for real inside the book: ``launch`` starts the processes on CPU devices,
+lets them find each other through a coordinator on a free local port, and returns what each
+one printed. The plumbing around that is the point of this module: a worker that crashes stops
+its siblings at once (they would otherwise wait forever in a collective), a worker that hangs is
+killed at the timeout, and no process outlives ``launch``, not even when the notebook kernel is
+interrupted in the middle of it.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from book.errors import ReaderError
+
+TAIL_LINES = 20
+_POLL_SECONDS = 0.02
+
+# Every worker starts through this shim on Linux: it asks the kernel to kill the worker when the
+# process that launched it dies (PR_SET_PDEATHSIG), so even a kernel killed outright (SIGKILL,
+# where no Python cleanup runs) leaves no worker behind. The setting survives exec.
+_SHIM = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("launch: the launching process is gone")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+EnvChoice = Mapping[str, "str | None"] | Callable[[int], Mapping[str, "str | None"]] | None
+
+
+class WorkerError(ReaderError, RuntimeError):
+    """A worker process failed or outlived the timeout; the message ends with its log's tail.
+
+    ``process`` is the index of the worker named in the message, ``outputs`` what every worker
+    had printed to stdout when all were stopped.
+    """
+
+    def __init__(self, message: str, process: int, outputs: Outputs):
+        super().__init__(message)
+        self.process = process
+        self.outputs = outputs
+
+
+class Outputs(list):
+    """What each worker printed to stdout, in process order: a list of strings.
+
+    In a notebook it shows as one column per process, so a page shows every process's output
+    side by side.
+    """
+
+    def __init__(self, texts: Sequence[str], script: str = ""):
+        super().__init__(texts)
+        self.script = script
+
+    def __repr__(self) -> str:
+        parts = []
+        for i, text in enumerate(self):
+            parts.append(f"--- process {i} ---\n{text.rstrip()}")
+        return "\n".join(parts)
+
+    def _repr_html_(self) -> str:
+        columns = []
+        for i, text in enumerate(self):
+            body = html.escape(text.rstrip()) or "(no output)"
+            columns.append(
+                '<div style="min-width:0">'
+                f'<div style="font-weight:bold;margin-bottom:2px">process {i}</div>'
+                '<pre style="margin:0;padding:4px 6px;border:1px solid #bbb;'
+                "border-radius:4px;font-size:11px;line-height:1.35;overflow-x:auto;"
+                f'white-space:pre">{body}</pre></div>'
+            )
+        grid = (
+            f'<div style="display:grid;grid-template-columns:repeat({len(self)},'
+            f'minmax(0,1fr));gap:8px">{"".join(columns)}</div>'
+        )
+        return grid
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no one is listening on right now.
+
+    The operating system picks it, so two launches at the same time (parallel tests, two
+    notebooks) do not collide on a fixed port.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(
+    process_id: int,
+    num_processes: int,
+    devices_per_process: int,
+    coordinator: str,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of one worker: where the coordinator is, who it is, its CPU devices.
+
+    JAX reads every ``jax_*`` option from the upper-case environment variable of the same name,
+    so ``JAX_NUM_CPU_DEVICES``, ``JAX_PLATFORMS`` and ``JAX_CPU_COLLECTIVES_IMPLEMENTATION``
+    configure the worker before its backend starts; ``jax.distributed.initialize`` reads
+    ``JAX_COORDINATOR_ADDRESS`` itself, and the worker passes on the other two.
+    """
+    env = dict(os.environ if base is None else base)
+    env.update(
+        JAX_COORDINATOR_ADDRESS=coordinator,
+        JAX_NUM_PROCESSES=str(num_processes),
+        JAX_PROCESS_ID=str(process_id),
+        JAX_NUM_CPU_DEVICES=str(devices_per_process),
+        JAX_PLATFORMS="cpu",
+        JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def tail(text: str, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``text``, indented, for an error message."""
+    kept = text.rstrip().splitlines()[-lines:]
+    return "\n".join(f"    {line}" for line in kept) or "    (the log is empty)"
+
+
+def _check_arguments(script, num_processes, devices_per_process, timeout) -> Path:
+    path = Path(script).expanduser().resolve()
+    if not path.is_file():
+        raise ReaderError(f"There is no worker script at {path}; check the path you passed.")
+    for name, value in (
+        ("num_processes", num_processes),
+        ("devices_per_process", devices_per_process),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ReaderError(f"{name} must be a positive whole number, not {value!r}.")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ReaderError(f"timeout must be a positive number of seconds, not {timeout!r}.")
+    return path
+
+
+def _command(path: Path, args: Sequence[str]) -> list[str]:
+    if sys.platform.startswith("linux"):
+        return [sys.executable, "-c", _SHIM, str(os.getpid()), str(path), *map(str, args)]
+    return [sys.executable, str(path), *map(str, args)]
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    """Kill every worker's whole process group, then reap the workers.
+
+    Each worker leads its own process group, so this also ends anything a worker started.
+    Signals go out before any waiting, so an interrupt during the wait still leaves every
+    worker killed.
+    """
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in procs:
+        proc.wait()
+
+
+# Gloo announces every connection it makes on stdout; that is noise beside a worker's output.
+_GLOO_NOTICE = re.compile(
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+    r"Expected number of connected peer ranks is : \d+\n?"
+)
+
+
+def _read(path: Path) -> str:
+    if not path.exists():
+        return ""
+    return _GLOO_NOTICE.sub("", path.read_text(encoding="utf-8", errors="replace"))
+
+
+def _log(folder: Path, i: int) -> str:
+    """A worker's log for an error message: its stderr, or its stdout when stderr is empty."""
+    return _read(folder / f"{i}.err").strip() or _read(folder / f"{i}.out")
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"failed with exit code {code}"
+
+
+def launch(
+    script,
+    num_processes: int = 2,
+    devices_per_process: int = 4,
+    timeout: float = 60,
+    args: Sequence = (),
+    *,
+    env: EnvChoice = None,
+) -> Outputs:
+    """Run ``script`` as ``num_processes`` JAX processes with CPU devices; return their stdout.
+
+    Each worker gets ``devices_per_process`` CPU devices, gloo collectives and a coordinator on
+    a free local port, and finds ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
+    ``JAX_PROCESS_ID`` and ``JAX_NUM_CPU_DEVICES`` in its environment. ``args`` are passed to
+    every worker. ``env`` adds variables (a mapping, or a function of the process index giving
+    one); a value of ``None`` removes a variable.
+
+    Raises ``WorkerError`` as soon as one worker fails (the others are stopped), or when workers
+    are still running after ``timeout`` seconds (all are killed). Whatever happens, including
+    ``KeyboardInterrupt``, every worker is gone when this returns or raises.
+    """
+    path = _check_arguments(script, num_processes, devices_per_process, timeout)
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="book-multihost-") as tmp:
+        folder = Path(tmp)
+        try:
+            for i in range(num_processes):
+                penv = worker_env(i, num_processes, devices_per_process, coordinator)
+                extra = env(i) if callable(env) else (env or {})
+                for key, value in extra.items():
+                    if value is None:
+                        penv.pop(key, None)
+                    else:
+                        penv[key] = str(value)
+                with open(folder / f"{i}.out", "wb") as out, open(folder / f"{i}.err", "wb") as err:
+                    procs.append(
+                        subprocess.Popen(
+                            _command(path, args),
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=err,
+                            env=penv,
+                            start_new_session=True,
+                        )
+                    )
+            _wait(procs, folder, path, timeout)
+        finally:
+            _kill(procs)
+        return Outputs([_read(folder / f"{i}.out") for i in range(num_processes)], path.name)
+
+
+def _wait(procs: list[subprocess.Popen], folder: Path, path: Path, timeout: float) -> None:
+    """Return when every worker has exited cleanly; raise at the first failure or the timeout."""
+    n = len(procs)
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [proc.poll() for proc in procs]
+        failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            _kill(procs)
+            i = failed[0]
+            also = ""
+            if len(failed) > 1:
+                others = ", ".join(str(j) for j in failed[1:])
+                also = f" (process {others} failed at the same moment)"
+            raise WorkerError(
+                f"Worker process {i} of {n} running {path.name} {_exit_reason(codes[i])}{also}, "
+                "so all workers were stopped; fix the error at the end of its log:\n"
+                f"{tail(_log(folder, i))}",
+                i,
+                _outputs(folder, n, path),
+            )
+        if all(code == 0 for code in codes):
+            return
+        if time.monotonic() > deadline:
+            _kill(procs)
+            running = [i for i, code in enumerate(codes) if code is None]
+            names = ", ".join(str(i) for i in running)
+            word = "process" if len(running) == 1 else "processes"
+            i = running[0]
+            raise WorkerError(
+                f"Worker {word} {names} of {n} running {path.name} still ran after {timeout:g} s, "
+                "so all workers were killed; find where it waits at the end of the log of "
+                f"process {i}, or pass a larger timeout:\n{tail(_log(folder, i))}",
+                i,
+                _outputs(folder, n, path),
+            )
+        time.sleep(_POLL_SECONDS)
+
+
+def _outputs(folder: Path, n: int, path: Path) -> Outputs:
+    return Outputs([_read(folder / f"{i}.out") for i in range(n)], path.name)

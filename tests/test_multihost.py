@@ -1,0 +1,276 @@
+"""book.multihost.launch: real JAX processes, and no process left behind whatever happens."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import book.multihost
+from book.errors import ReaderError
+from book.multihost import Outputs, WorkerError, launch
+
+# A worker that records its pid, then does what the plan says for its process index: "sleep",
+# "crash" or "exit". With "child" anywhere in the plan, every worker first starts a child.
+SLEEPER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    folder, *plan = sys.argv[1:]
+    me = int(os.environ["JAX_PROCESS_ID"])
+    pids = [os.getpid()]
+    if "child" in plan:
+        pids.append(subprocess.Popen(["sleep", "300"]).pid)
+    with open(os.path.join(folder, f"pids.{me}.tmp"), "w") as f:
+        f.write(" ".join(map(str, pids)))
+    os.rename(os.path.join(folder, f"pids.{me}.tmp"), os.path.join(folder, f"pids.{me}"))
+    print(f"worker {me} started", flush=True)
+    action = plan[me] if me < len(plan) and plan[me] != "child" else "sleep"
+    if action == "crash":
+        time.sleep(0.3)
+        raise ValueError(f"worker {me} cannot go on")
+    if action == "exit":
+        sys.exit(0)
+    time.sleep(300)
+    """
+)
+
+
+@pytest.fixture
+def sleeper(tmp_path):
+    script = tmp_path / "sleeper_worker.py"
+    script.write_text(SLEEPER)
+    return script
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie has already died)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def recorded_pids(folder: Path) -> list[int]:
+    return [int(p) for f in sorted(folder.glob("pids.[0-9]*")) for p in f.read_text().split()]
+
+
+def wait_for_pid_files(folder: Path, count: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(folder.glob("pids.[0-9]*"))) < count:
+        assert time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.05)
+
+
+def assert_nothing_left(folder: Path, pids=()) -> None:
+    """No process that was started from ``folder`` is still running (what `ps` would show)."""
+    deadline = time.monotonic() + 5
+    while True:
+        left = [pid for pid in pids if alive(pid)]
+        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if str(folder) in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(proc.info["pid"])
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"processes left behind: {sorted(set(left))}"
+
+
+JAX_WORKER = textwrap.dedent(
+    """
+    import os
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    jax.distributed.initialize(
+        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+        process_id=int(os.environ["JAX_PROCESS_ID"]),
+    )
+    mine = np.array([jax.process_index() + 1])
+    total = multihost_utils.process_allgather(mine).sum()
+    print(f"index {jax.process_index()} of {jax.process_count()}")
+    print(f"devices {jax.local_device_count()} of {jax.device_count()}")
+    print(f"platform {jax.devices()[0].platform}")
+    print(f"sum {total}")
+    print(f"args {os.sys.argv[1:]}")
+    """
+)
+
+
+def test_launch_runs_real_jax_processes(tmp_path):
+    script = tmp_path / "jax_worker.py"
+    script.write_text(JAX_WORKER)
+    outputs = launch(script, num_processes=2, devices_per_process=4, timeout=60, args=["a", 1])
+    assert isinstance(outputs, Outputs) and len(outputs) == 2
+    for i, out in enumerate(outputs):
+        assert f"index {i} of 2" in out
+        assert "devices 4 of 8" in out
+        assert "platform cpu" in out
+        assert "sum 3" in out  # 1 + 2, gathered over gloo
+        assert "args ['a', '1']" in out
+        assert "[Gloo]" not in out
+    assert_nothing_left(tmp_path)
+
+
+def test_each_worker_finds_its_environment(tmp_path):
+    script = tmp_path / "env_worker.py"
+    script.write_text(
+        "import os\n"
+        "for k in ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID',\n"
+        "          'JAX_NUM_CPU_DEVICES', 'JAX_PLATFORMS', 'JAX_CPU_COLLECTIVES_IMPLEMENTATION',\n"
+        "          'EXTRA', 'HOME'):\n"
+        "    print(k, os.environ.get(k))\n"
+    )
+    outputs = launch(
+        script,
+        num_processes=3,
+        devices_per_process=2,
+        env=lambda i: {"EXTRA": f"x{i}", "HOME": None},
+    )
+    addresses = set()
+    for i, out in enumerate(outputs):
+        fields = dict(line.split(" ", 1) for line in out.splitlines())
+        addresses.add(fields["JAX_COORDINATOR_ADDRESS"])
+        assert fields["JAX_NUM_PROCESSES"] == "3"
+        assert fields["JAX_PROCESS_ID"] == str(i)
+        assert fields["JAX_NUM_CPU_DEVICES"] == "2"
+        assert fields["JAX_PLATFORMS"] == "cpu"
+        assert fields["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] == "gloo"
+        assert fields["EXTRA"] == f"x{i}"
+        assert fields["HOME"] == "None"
+    (address,) = addresses
+    host, port = address.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0
+    assert_nothing_left(tmp_path)
+
+
+def test_a_crash_stops_the_others_at_once(sleeper, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        launch(sleeper, num_processes=3, timeout=60, args=[tmp_path, "sleep", "crash", "sleep"])
+    elapsed = time.monotonic() - start
+    err = caught.value
+    assert isinstance(err, ReaderError)
+    assert err.process == 1
+    message = str(err)
+    assert message.startswith("Worker process 1 of 3 running sleeper_worker.py failed")
+    assert "ValueError: worker 1 cannot go on" in message  # the tail of its log
+    assert err.outputs[0] == "worker 0 started\n"
+    assert elapsed < 15, f"the launch took {elapsed:.1f} s to notice the crash"
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 3
+    assert_nothing_left(tmp_path, pids)
+
+
+def test_a_hang_is_killed_at_the_timeout_with_its_siblings(sleeper, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        # Process 0 exits, process 1 hangs; each has started a child of its own.
+        launch(sleeper, num_processes=2, timeout=3, args=[tmp_path, "exit", "child"])
+    elapsed = time.monotonic() - start
+    assert 3 <= elapsed < 10
+    assert caught.value.process == 1
+    assert "Worker process 1 of 2 running sleeper_worker.py still ran after 3 s" in str(
+        caught.value
+    )
+    assert "worker 1 started" in str(caught.value)
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 4  # two workers and their children
+    assert_nothing_left(tmp_path, pids)
+
+
+DRIVER = (
+    "import sys, book.multihost as m; "
+    "m.launch(sys.argv[1], num_processes=2, timeout=120, args=[sys.argv[2], 'child'])"
+)
+
+
+def test_an_interrupt_kills_every_worker_and_is_raised_again(sleeper, tmp_path):
+    """What a notebook's interrupt button does: SIGINT to the process running launch."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(sleeper), str(tmp_path)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_pid_files(tmp_path, 2)
+        pids = recorded_pids(tmp_path)
+        assert all(alive(pid) for pid in pids)
+        driver.send_signal(signal.SIGINT)
+        _, stderr = driver.communicate(timeout=20)
+    finally:
+        driver.kill()
+        driver.wait()
+    assert "KeyboardInterrupt" in stderr
+    assert driver.returncode != 0
+    assert len(pids) == 4  # two workers and their children
+    assert_nothing_left(tmp_path, pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_killed_launcher(sleeper, tmp_path):
+    """A kernel killed outright runs no cleanup; the workers must still go."""
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            DRIVER.replace("'child'", "'sleep'"),
+            str(sleeper),
+            str(tmp_path),
+        ]
+    )
+    try:
+        wait_for_pid_files(tmp_path, 2)
+        pids = recorded_pids(tmp_path)
+        assert all(alive(pid) for pid in pids)
+        driver.send_signal(signal.SIGKILL)
+    finally:
+        driver.wait()
+    assert_nothing_left(tmp_path, pids)
+
+
+def test_bad_arguments_get_one_sentence(tmp_path):
+    with pytest.raises(ReaderError, match="There is no worker script at"):
+        launch(tmp_path / "missing.py")
+    script = tmp_path / "ok.py"
+    script.write_text("")
+    for kwargs, name in [
+        ({"num_processes": 0}, "num_processes"),
+        ({"devices_per_process": 1.5}, "devices_per_process"),
+        ({"timeout": 0}, "timeout"),
+    ]:
+        with pytest.raises(ReaderError, match=name):
+            launch(script, **kwargs)
+
+
+def test_outputs_show_every_process_escaped():
+    outputs = Outputs(["a <b>\n", ""])
+    assert outputs == ["a <b>\n", ""]
+    html = outputs._repr_html_()
+    assert "process 0" in html and "process 1" in html
+    assert "a &lt;b&gt;" in html and "(no output)" in html
+    assert repr(outputs) == "--- process 0 ---\na <b>\n--- process 1 ---\n"
+
+
+def test_gloo_notices_are_left_out(tmp_path):
+    path = tmp_path / "0.out"
+    path.write_text(
+        "one\n[Gloo] Rank 3 is connected to 7 peer ranks. "
+        "Expected number of connected peer ranks is : 7\ntwo\n"
+    )
+    assert book.multihost._read(path) == "one\ntwo\n"
+
+
+def test_free_ports_differ_and_bind():
+    import socket
+
+    port = book.multihost.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+    assert os.environ.get("JAX_PROCESS_ID") is None  # launch never touches its own environment
