@@ -1,0 +1,96 @@
+"""The small MLP of Part III, and the single-device training step every parallel run must match.
+
+Two dense layers with a ReLU between them and a softmax cross-entropy loss: small enough to
+train in seconds on mock CPU devices, yet with the two matrix multiplies that data, fully
+sharded and tensor parallelism split in different ways. Nothing here is parallel: the chapters
+write the parallel versions out, and check them against ``reference_step``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Sizes(NamedTuple):
+    """The shapes of one problem: a batch of ``batch`` inputs of ``features`` numbers each."""
+
+    batch: int
+    features: int
+    hidden: int
+    classes: int
+
+
+def init(key, features: int, hidden: int, classes: int, dtype=jnp.float32) -> dict:
+    """Parameters ``w1 (features, hidden)``, ``b1 (hidden,)``, ``w2 (hidden, classes)``, ``b2``.
+
+    Weights are drawn with variance ``1 / fan_in`` (LeCun normal), so activations keep roughly
+    unit scale through both layers; biases start at zero.
+    """
+    k1, k2 = jax.random.split(key)
+    w1 = jax.random.normal(k1, (features, hidden), dtype) / jnp.sqrt(features).astype(dtype)
+    w2 = jax.random.normal(k2, (hidden, classes), dtype) / jnp.sqrt(hidden).astype(dtype)
+    return {
+        "w1": w1,
+        "b1": jnp.zeros((hidden,), dtype),
+        "w2": w2,
+        "b2": jnp.zeros((classes,), dtype),
+    }
+
+
+def forward(params: dict, x):
+    """Logits of shape ``(batch, classes)``: ``relu(x @ w1 + b1) @ w2 + b2``."""
+    h = jax.nn.relu(x @ params["w1"] + params["b1"])
+    return h @ params["w2"] + params["b2"]
+
+
+def cross_entropy(logits, labels):
+    """Mean softmax cross-entropy of integer ``labels`` under ``logits``.
+
+    Split out of ``loss`` so a parallel version that computes the logits its own way can still
+    score them the same way.
+    """
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(log_probs, labels[:, None], axis=-1)
+    return -jnp.mean(picked)
+
+
+def loss(params: dict, x, labels):
+    """Mean cross-entropy of the model on one batch."""
+    return cross_entropy(forward(params, x), labels)
+
+
+def sgd(params: dict, grads: dict, learning_rate: float) -> dict:
+    """Plain SGD: ``p - learning_rate * g`` for every parameter."""
+    return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
+
+
+def reference_step(params: dict, x, labels, learning_rate: float = 0.1):
+    """One single-device training step: ``(new_params, loss, grads)``.
+
+    The gradients are returned too, because the chapters check parallel gradients against them
+    before any update blurs a difference.
+    """
+    value, grads = jax.value_and_grad(loss)(params, x, labels)
+    return sgd(params, grads, learning_rate), value, grads
+
+
+def synthetic_data(key, n: int, features: int, classes: int, dtype=jnp.float32):
+    """``n`` Gaussian inputs labelled by a fixed random linear teacher: a learnable task.
+
+    The labels are ``argmax(x @ teacher)``, so a model with enough capacity can drive the loss
+    well below ``log(classes)``, which makes a loss curve worth drawing.
+    """
+    kx, kt = jax.random.split(key)
+    x = jax.random.normal(kx, (n, features), dtype)
+    teacher = jax.random.normal(kt, (features, classes), dtype)
+    labels = jnp.argmax(x @ teacher, axis=-1).astype(jnp.int32)
+    return x, labels
+
+
+def param_count(sizes: Sizes) -> int:
+    """How many numbers the model has: both weight matrices and both biases."""
+    f, h, c = sizes.features, sizes.hidden, sizes.classes
+    return f * h + h + h * c + c

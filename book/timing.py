@@ -1,0 +1,61 @@
+"""Honest timing of JAX computations: warm-up, ``block_until_ready``, medians.
+
+JAX dispatches work asynchronously, so a clock stopped when a call returns measures only the
+dispatch; the first call also pays for tracing and compiling. ``measure`` therefore runs the
+function a few times untimed, waits for every result, and reports the median of the timed runs,
+which one slow run (another process, a page fault) cannot move.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call: the median and the fastest of ``runs``, each waited on to completion."""
+
+    median: float
+    best: float
+    runs: tuple[float, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"{format_seconds(self.median)} (median of {len(self.runs)}, "
+            f"best {format_seconds(self.best)})"
+        )
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration in the unit that keeps it readable: ``"412 µs"``, ``"3.1 ms"``, ``"2.05 s"``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3g} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s"
+
+
+def _block(result):
+    import jax
+
+    return jax.block_until_ready(result)
+
+
+def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Timing:
+    """Time ``f(*args, **kwargs)`` after ``warmup`` untimed calls, waiting for each result.
+
+    The warm-up calls absorb tracing and compilation, so the timed runs see only execution.
+    """
+    if warmup < 0 or runs < 1:
+        raise ValueError(f"Need warmup >= 0 and runs >= 1, not warmup={warmup}, runs={runs}.")
+    for _ in range(warmup):
+        _block(f(*args, **kwargs))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        _block(f(*args, **kwargs))
+        times.append(time.perf_counter() - start)
+    return Timing(statistics.median(times), min(times), tuple(times))

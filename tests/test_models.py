@@ -1,0 +1,79 @@
+"""book.models: shapes, a loss that matches its definition, gradients, and a step that learns."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from book import models
+
+SIZES = models.Sizes(batch=32, features=8, hidden=16, classes=4)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    params = models.init(jax.random.key(0), SIZES.features, SIZES.hidden, SIZES.classes)
+    x, y = models.synthetic_data(jax.random.key(1), SIZES.batch, SIZES.features, SIZES.classes)
+    return params, x, y
+
+
+def test_init_shapes_and_scale(setup):
+    params, _, _ = setup
+    assert {k: v.shape for k, v in params.items()} == {
+        "w1": (8, 16),
+        "b1": (16,),
+        "w2": (16, 4),
+        "b2": (4,),
+    }
+    assert all(v.dtype == jnp.float32 for v in params.values())
+    assert not params["b1"].any() and not params["b2"].any()
+    big = models.init(jax.random.key(2), 256, 512, 4)
+    assert abs(float(jnp.std(big["w1"])) - 1 / 16) < 0.01  # variance 1 / fan_in
+    assert sum(v.size for v in params.values()) == models.param_count(SIZES)
+
+
+def test_forward_is_two_layers_with_relu(setup):
+    params, x, _ = setup
+    p = jax.tree.map(np.asarray, params)
+    h = np.maximum(np.asarray(x) @ p["w1"] + p["b1"], 0)
+    np.testing.assert_allclose(models.forward(params, x), h @ p["w2"] + p["b2"], rtol=1e-5)
+
+
+def test_loss_is_mean_cross_entropy(setup):
+    params, x, y = setup
+    logits = np.asarray(models.forward(params, x), np.float64)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = -log_probs[np.arange(len(y)), np.asarray(y)].mean()
+    np.testing.assert_allclose(models.loss(params, x, y), expected, rtol=1e-5)
+    # Uniform logits give log(classes).
+    np.testing.assert_allclose(
+        models.cross_entropy(jnp.zeros((3, 4)), jnp.array([0, 1, 3])), np.log(4), rtol=1e-6
+    )
+
+
+def test_reference_step_returns_gradients_and_applies_sgd(setup):
+    params, x, y = setup
+    new, value, grads = models.reference_step(params, x, y, learning_rate=0.5)
+    np.testing.assert_allclose(value, models.loss(params, x, y), rtol=1e-6)
+    g_b2 = jax.grad(models.loss)(params, x, y)["b2"]
+    np.testing.assert_allclose(grads["b2"], g_b2, rtol=1e-6)
+    for k in params:
+        np.testing.assert_allclose(new[k], params[k] - 0.5 * grads[k], rtol=1e-6, atol=1e-7)
+
+
+def test_training_lowers_the_loss(setup):
+    params, x, y = setup
+    step = jax.jit(models.reference_step)
+    first = None
+    for _ in range(50):
+        params, value, _ = step(params, x, y, 0.5)
+        first = value if first is None else first
+    assert float(value) < 0.5 * float(first)
+
+
+def test_synthetic_labels_come_from_a_teacher():
+    x, y = models.synthetic_data(jax.random.key(3), 1000, 8, 4)
+    assert x.shape == (1000, 8) and y.shape == (1000,) and y.dtype == jnp.int32
+    assert set(np.unique(y)) == {0, 1, 2, 3}
+    x2, y2 = models.synthetic_data(jax.random.key(3), 1000, 8, 4)
+    np.testing.assert_array_equal(y, y2)
