@@ -51,3 +51,10 @@ def test_chapter_02_shows_shardings_and_shard_tables(html):
     assert text.count("class='bk-dev'") >= 8 * 5
     assert "each shard held by 4 devices" in text
     assert "A 4x4 mesh needs 16 devices but there are 8" in text
+
+
+def test_landing_page_maps_the_chapters_and_says_how_to_read(html):
+    text = (html / "notebooks" / "intro.html").read_text()
+    assert re.search(r'<object data="\.\./_images/graphviz-[0-9a-f]+\.svg"', text)
+    for way in ("Online", "In Colab", "In Kaggle", "Locally", "make lab", "TPU v5e-8"):
+        assert way in text, way
