@@ -364,9 +364,10 @@ def groups_text(row: Collective, limit: int = 4) -> str:
 
 
 _TABLE_CSS = """<style>
+.bk-hlo-wrap{overflow-x:auto;max-width:100%}
 .bk-hlo{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;
 border-collapse:collapse;margin:4px 0}
-.bk-hlo th,.bk-hlo td{border:1px solid #bbb;padding:2px 8px;text-align:left}
+.bk-hlo th,.bk-hlo td{border:1px solid #bbb;padding:2px 8px;text-align:left;white-space:nowrap}
 .bk-hlo th{background:#eee}
 .bk-hlo td.num{text-align:right}
 .bk-hlo caption{caption-side:top;text-align:left;font-weight:bold;padding-bottom:2px}
@@ -392,7 +393,10 @@ def table(headers, rows, *, title: str | None = None) -> Rendered:
         ]
         body += "<tr>" + "".join(tds) + "</tr>"
     caption = f"<caption>{html.escape(title)}</caption>" if title else ""
-    markup = f"{_TABLE_CSS}<table class='bk-hlo'>{caption}<tr>{head}</tr>{body}</table>"
+    markup = (
+        f"{_TABLE_CSS}<div class='bk-hlo-wrap'><table class='bk-hlo'>{caption}"
+        f"<tr>{head}</tr>{body}</table></div>"
+    )
     widths = [max(len(x) for x in col) for col in zip(headers, *cells, strict=True)]
     lines = [title] if title else []
     for texts in [headers, *cells]:
