@@ -1,0 +1,167 @@
+"""book.data: the sharded loader's row plan, reads and epoch checks, on 8 mock CPU devices."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import book.data
+from book.data import Batch, Loader, Source, check_epoch, epoch_order
+from book.errors import ReaderError
+
+N, FEATURES = 96, 3
+
+
+@pytest.fixture
+def source(tmp_path):
+    x = np.arange(N * FEATURES, dtype=np.float32).reshape(N, FEATURES)
+    return book.data.write(tmp_path, x=x, y=np.arange(N, dtype=np.int32) % 5, id=np.arange(N))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+
+
+def from_callback(batch, sharding):
+    return jax.make_array_from_callback(batch.shape, sharding, batch.read)
+
+
+def from_single_device_arrays(batch, sharding):
+    index_map = sharding.addressable_devices_indices_map(batch.shape)
+    pieces = [jax.device_put(batch.read(index), d) for d, index in index_map.items()]
+    return jax.make_array_from_single_device_arrays(batch.shape, sharding, pieces)
+
+
+def from_process_local_data(batch, sharding):
+    mine = book.data.process_slice(sharding, batch.shape)
+    return jax.make_array_from_process_local_data(sharding, batch.read((mine,)), batch.shape)
+
+
+BUILDERS = [from_callback, from_single_device_arrays, from_process_local_data]
+
+
+def test_source_reads_only_the_rows_asked_for(source, tmp_path):
+    assert source.num_examples == N and set(source.fields) == {"x", "y", "id"}
+    assert isinstance(source.fields["x"], np.memmap)
+    rows = np.array([5, 0, 7])
+    np.testing.assert_array_equal(source.read("id", rows), rows)
+    np.testing.assert_array_equal(source.read("x", rows)[:, 0], rows * FEATURES)
+    assert source.reads == [3, 3]
+    assert "96 examples" in repr(Source(tmp_path))
+
+
+def test_source_errors_are_one_sentence(tmp_path):
+    with pytest.raises(ReaderError, match="no .npy files"):
+        Source(tmp_path)
+    with pytest.raises(ReaderError, match="different numbers of rows"):
+        book.data.write(tmp_path, a=np.zeros(3), b=np.zeros(4))
+
+
+def test_epoch_order_is_a_seeded_permutation():
+    a = epoch_order(N, seed=0, epoch=0)
+    np.testing.assert_array_equal(np.sort(a), np.arange(N))
+    np.testing.assert_array_equal(a, epoch_order(N, seed=0, epoch=0))
+    assert not np.array_equal(a, epoch_order(N, seed=0, epoch=1))
+    assert not np.array_equal(a, epoch_order(N, seed=1, epoch=0))
+
+
+def test_batch_reads_the_piece_an_index_names(source):
+    rows = np.array([9, 3, 4, 1])
+    batch = Batch(source, "x", rows)
+    assert batch.shape == (4, FEATURES) and batch.dtype == np.float32
+    np.testing.assert_array_equal(batch.read(), source.fields["x"][rows])
+    piece = batch.read((slice(1, 3), slice(0, 2)))
+    np.testing.assert_array_equal(piece, source.fields["x"][rows[1:3], :2])
+    assert source.reads[-1] == 2
+
+
+def test_process_slice_of_one_process_is_the_whole_batch(mesh):
+    sharding = NamedSharding(mesh, P("data"))
+    assert book.data.process_slice(sharding, (16, 3)) == slice(0, 16)
+    mesh2 = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    assert book.data.process_slice(NamedSharding(mesh2, P("data")), (6,)) == slice(0, 6)
+
+
+def test_process_slice_rejects_rows_that_are_not_adjacent():
+    class Scattered:
+        def addressable_devices_indices_map(self, shape):
+            return {"a": (slice(0, 2),), "b": (slice(4, 6),)}
+
+    with pytest.raises(ReaderError, match="not next to each other"):
+        book.data.process_slice(Scattered(), (8,))
+
+
+@pytest.mark.parametrize("build", BUILDERS, ids=lambda f: f.__name__)
+def test_every_builder_gives_the_batch_the_rows_name(source, mesh, build):
+    sharding = NamedSharding(mesh, P("data"))
+    rows = epoch_order(N, 0, 0)[:16]
+    x = build(Batch(source, "x", rows), sharding)
+    assert x.shape == (16, FEATURES) and x.sharding == sharding
+    np.testing.assert_array_equal(np.asarray(x), source.fields["x"][rows])
+    for shard in x.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), source.fields["x"][rows][shard.index])
+
+
+def test_per_device_builders_never_read_a_whole_batch(source, mesh):
+    sharding = NamedSharding(mesh, P("data"))
+    for build in (from_callback, from_single_device_arrays):
+        source.reads.clear()
+        batches = list(Loader(source, 32, sharding, build).epoch(0))
+        assert len(batches) == N // 32
+        assert max(source.reads) == 32 // 8
+        assert sum(source.reads) == 3 * N  # three fields, every row once
+
+
+@pytest.mark.parametrize("build", BUILDERS, ids=lambda f: f.__name__)
+def test_every_example_once_per_epoch_from_what_the_devices_hold(source, mesh, build):
+    loader = Loader(source, 24, NamedSharding(mesh, P("data")), build, seed=3)
+    assert len(loader) == loader.steps_per_epoch == N // 24
+    orders = []
+    for epoch in range(2):
+        ids = [book.data.local_values(batch["id"]) for batch in loader.epoch(epoch)]
+        check_epoch(np.concatenate(ids), N)
+        orders.append(np.concatenate(ids))
+        for batch in loader.epoch(epoch):
+            np.testing.assert_array_equal(
+                np.asarray(batch["x"]), source.fields["x"][np.asarray(batch["id"])]
+            )
+    assert not np.array_equal(orders[0], orders[1])
+    np.testing.assert_array_equal(loader.batch_rows(1).ravel(), orders[1])
+
+
+def test_loader_takes_a_sharding_per_field(source, mesh):
+    shardings = {
+        "x": NamedSharding(mesh, P("data", None)),
+        "y": NamedSharding(mesh, P()),
+        "id": NamedSharding(mesh, P("data")),
+    }
+    batch = next(Loader(source, 16, shardings, from_callback).epoch(0))
+    assert batch["y"].sharding.is_fully_replicated and not batch["x"].sharding.is_fully_replicated
+    np.testing.assert_array_equal(
+        book.data.local_values(batch["y"]), source.fields["y"][np.asarray(batch["id"])]
+    )
+
+
+def test_a_batch_size_that_leaves_examples_out_is_refused(source, mesh):
+    with pytest.raises(ReaderError, match="do not split into batches of 36"):
+        Loader(source, 36, NamedSharding(mesh, P("data")), from_callback)
+    with pytest.raises(ReaderError, match="positive whole number"):
+        Loader(source, 0, NamedSharding(mesh, P("data")), from_callback)
+
+
+def test_check_epoch_finds_missing_and_repeated_examples():
+    check_epoch(np.array([2, 0, 1]), 3)
+    with pytest.raises(AssertionError, match="missed 1 examples and repeated 1"):
+        check_epoch(np.array([0, 0, 1]), 3)
+    with pytest.raises(AssertionError, match="saw 2 rows"):
+        check_epoch(np.array([0, 1]), 3)
+
+
+def test_local_values_counts_replicated_rows_once(mesh):
+    mesh2 = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    x = jax.device_put(np.arange(6), NamedSharding(mesh2, P("data")))
+    np.testing.assert_array_equal(book.data.local_values(x), np.arange(6))
+    sharded = jax.device_put(np.arange(8), NamedSharding(mesh, P("data")))
+    np.testing.assert_array_equal(book.data.local_values(sharded), np.arange(8))
