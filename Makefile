@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: book test serve lab lint clean check-dot
+.PHONY: book test bench serve lab lint clean check-dot
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ book: $(STAMP) check-dot
 
 test: $(STAMP) check-dot
 	$(BIN)/pytest -n 2 --dist loadgroup --nbmake --nbmake-timeout=300 tests notebooks
+
+bench: $(STAMP) check-dot
+	$(BIN)/python benchmarks/bench.py --out BENCHMARKS.md
 
 serve: book
 	$(BIN)/python -m http.server --directory _build/html 8000

@@ -1,0 +1,156 @@
+"""Measure the book against its speed budget and write BENCHMARKS.md.
+
+Each chapter is executed in a fresh kernel, as the test run and the book build do, and its wall
+seconds and the kernel's peak memory are recorded. Each form's pure function is timed on a series
+of different choices after a warm-up, since a reader changes one choice at a time.
+
+Usage: python benchmarks/bench.py [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTER_BUDGET_S = 30.0
+BOOK_BUDGET_S = 180.0
+FORM_BUDGET_MS = 100.0
+
+
+def run_one(path: Path) -> dict:
+    """Execute one notebook in a fresh kernel; report wall seconds and the kernel's peak RSS."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    # The kernel was this process's child; its peak resident memory is in RUSAGE_CHILDREN.
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"seconds": seconds, "peak_mib": peak_kib / 1024}
+
+
+def chapters() -> list[Path]:
+    return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def time_chapters() -> list[tuple[str, dict]]:
+    rows = []
+    for path in chapters():
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        rows.append((path.stem, json.loads(done.stdout.strip().splitlines()[-1])))
+        print(f"{path.stem}: {rows[-1][1]['seconds']:.1f} s", file=sys.stderr)
+    return rows
+
+
+def _median_ms(render, choices) -> float:
+    render(*choices[0])  # warm-up: compile and cache
+    times = []
+    for args in choices:
+        start = time.perf_counter()
+        render(*args)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def form_cases():
+    """Each form's pure function with a series of choices, one change at a time."""
+    from book import forms
+
+    mesh_and_specs = [
+        ("(8, 4)", "(2, 4)", "data, model", "P('data', None)"),
+        ("(8, 4)", "(2, 4)", "data, model", "P('data', 'model')"),
+        ("(8, 4)", "(4, 2)", "data, model", "P('data', 'model')"),
+        ("(8, 4)", "(4, 2)", "data, model", "P(None, 'model')"),
+        ("(8, 4)", "(2, 2, 2)", "pipe, data, model", "P(('pipe', 'data'), 'model')"),
+        ("(8, 4)", "(8,)", "data", "P('data')"),
+        ("(8, 4)", "(2, 4)", "data, model", "P('data', 'data')"),
+        ("(16, 8)", "(2, 4)", "data, model", "P(('data', 'model'), None)"),
+    ]
+    yield "sharding explorer (render_sharding)", forms.render_sharding, mesh_and_specs
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    import jax
+
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), "
+        f"{mem_gib:.0f} GiB memory; Python {platform.python_version()}, jax {jax.__version__}; "
+        "chapters on 8 mock CPU devices"
+    )
+
+
+def report(chapter_rows, form_rows) -> str:
+    total = sum(r["seconds"] for _, r in chapter_rows)
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (benchmarks/bench.py). Budgets: every chapter under "
+        f"{CHAPTER_BUDGET_S:.0f} s, the whole book under {BOOK_BUDGET_S:.0f} s, every form "
+        f"answering a change in under {FORM_BUDGET_MS:.0f} ms.",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "## Chapters",
+        "",
+        "| chapter | wall seconds | peak kernel memory (MiB) | within budget |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for stem, r in chapter_rows:
+        ok = "yes" if r["seconds"] < CHAPTER_BUDGET_S else "**no**"
+        lines.append(f"| {stem} | {r['seconds']:.1f} | {r['peak_mib']:.0f} | {ok} |")
+    ok = "yes" if total < BOOK_BUDGET_S else "**no**"
+    lines += [f"| **whole book** | **{total:.1f}** | | {ok} |", "", "## Forms", ""]
+    lines += ["| form | median ms per change | within budget |", "| --- | ---: | --- |"]
+    for name, ms in form_rows:
+        ok = "yes" if ms < FORM_BUDGET_MS else "**no**"
+        lines.append(f"| {name} | {ms:.1f} | {ok} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one)))
+        return
+    chapter_rows = time_chapters()
+    import book.devices
+
+    book.devices.setup(8)
+    form_rows = [(name, _median_ms(f, choices)) for name, f, choices in form_cases()]
+    args.out.write_text(report(chapter_rows, form_rows))
+    print(args.out.read_text())
+
+
+if __name__ == "__main__":
+    main()
