@@ -320,12 +320,13 @@ def _row(inst: _Instruction, op: str, attrs_from: _Instruction, num_devices: int
 
 
 def collectives(compiled) -> list[Collective]:
-    """The collectives in a compiled program, in program order, one row each.
+    """The collectives in a compiled program, one row each, in the order the module lists them.
 
-    An asynchronous pair (``all-gather-start`` / ``all-gather-done``) is one transfer, so it is
-    one row, with the result shape of the ``-done`` half. Every computation is searched (a
-    collective wrapped in an async computation or a loop body counts), and a collective in a loop
-    body is listed once however many times the loop runs.
+    Within a computation that is execution order; XLA prints called computations (loop bodies,
+    async wrappers) before the entry computation. An asynchronous pair (``all-gather-start`` /
+    ``all-gather-done``) is one transfer, so it is one row, with the result shape of the
+    ``-done`` half. Every computation is searched, and a collective in a loop body is listed once
+    however many times the loop runs.
     """
     module = _parse(_text(compiled))
     names = {i.name: i for insts in module.computations.values() for i in insts}
