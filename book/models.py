@@ -12,6 +12,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+_TEACHER = 7  # the teacher's own random stream, apart from every seed's inputs
 
 
 class Sizes(NamedTuple):
@@ -23,21 +26,24 @@ class Sizes(NamedTuple):
     classes: int
 
 
-def init(key, features: int, hidden: int, classes: int, dtype=jnp.float32) -> dict:
+def init(seed: int, features: int, hidden: int, classes: int, dtype=np.float32) -> dict:
     """Parameters ``w1 (features, hidden)``, ``b1 (hidden,)``, ``w2 (hidden, classes)``, ``b2``.
 
     Weights are drawn with variance ``1 / fan_in`` (LeCun normal), so activations keep roughly
-    unit scale through both layers; biases start at zero.
+    unit scale through both layers; biases start at zero. The numbers come from NumPy's
+    generator: on mock CPU devices every eager JAX operation is compiled first, and drawing with
+    NumPy keeps making a problem instant.
     """
-    k1, k2 = jax.random.split(key)
-    w1 = jax.random.normal(k1, (features, hidden), dtype) / jnp.sqrt(features).astype(dtype)
-    w2 = jax.random.normal(k2, (hidden, classes), dtype) / jnp.sqrt(hidden).astype(dtype)
-    return {
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((features, hidden)) / np.sqrt(features)
+    w2 = rng.standard_normal((hidden, classes)) / np.sqrt(hidden)
+    arrays = {
         "w1": w1,
-        "b1": jnp.zeros((hidden,), dtype),
+        "b1": np.zeros(hidden),
         "w2": w2,
-        "b2": jnp.zeros((classes,), dtype),
+        "b2": np.zeros(classes),
     }
+    return {name: jnp.asarray(a, dtype) for name, a in arrays.items()}
 
 
 def forward(params: dict, x):
@@ -77,17 +83,19 @@ def reference_step(params: dict, x, labels, learning_rate: float = 0.1):
     return sgd(params, grads, learning_rate), value, grads
 
 
-def synthetic_data(key, n: int, features: int, classes: int, dtype=jnp.float32):
-    """``n`` Gaussian inputs labelled by a fixed random linear teacher: a learnable task.
+def synthetic_data(seed: int, n: int, features: int, classes: int, dtype=np.float32):
+    """``n`` Gaussian inputs labelled by a random linear teacher: a learnable task.
 
     The labels are ``argmax(x @ teacher)``, so a model with enough capacity can drive the loss
-    well below ``log(classes)``, which makes a loss curve worth drawing.
+    well below ``log(classes)``, which makes a loss curve worth drawing. The teacher depends on
+    ``features`` and ``classes`` only, not on ``seed``, so every seed draws from the same task.
     """
-    kx, kt = jax.random.split(key)
-    x = jax.random.normal(kx, (n, features), dtype)
-    teacher = jax.random.normal(kt, (features, classes), dtype)
-    labels = jnp.argmax(x @ teacher, axis=-1).astype(jnp.int32)
-    return x, labels
+    teacher = np.random.default_rng([_TEACHER, features, classes]).standard_normal(
+        (features, classes)
+    )
+    x = np.random.default_rng(seed).standard_normal((n, features)).astype(dtype)
+    labels = np.argmax(x @ teacher, axis=-1).astype(np.int32)
+    return jnp.asarray(x), jnp.asarray(labels)
 
 
 def param_count(sizes: Sizes) -> int:
