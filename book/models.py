@@ -17,6 +17,13 @@ import numpy as np
 _TEACHER = 7  # the teacher's own random stream, apart from every seed's inputs
 
 
+def _generator(seed) -> np.random.Generator:
+    """NumPy's generator for an integer seed, or for the bits of a ``jax.random`` key."""
+    if isinstance(seed, (int, np.integer)):
+        return np.random.default_rng(int(seed))
+    return np.random.default_rng(np.asarray(jax.random.key_data(seed)).ravel().tolist())
+
+
 class Sizes(NamedTuple):
     """The shapes of one problem: a batch of ``batch`` inputs of ``features`` numbers each."""
 
@@ -26,15 +33,15 @@ class Sizes(NamedTuple):
     classes: int
 
 
-def init(seed: int, features: int, hidden: int, classes: int, dtype=np.float32) -> dict:
+def init(seed, features: int, hidden: int, classes: int, dtype=np.float32) -> dict:
     """Parameters ``w1 (features, hidden)``, ``b1 (hidden,)``, ``w2 (hidden, classes)``, ``b2``.
 
     Weights are drawn with variance ``1 / fan_in`` (LeCun normal), so activations keep roughly
     unit scale through both layers; biases start at zero. The numbers come from NumPy's
     generator: on mock CPU devices every eager JAX operation is compiled first, and drawing with
-    NumPy keeps making a problem instant.
+    NumPy keeps making a problem instant. ``seed`` is an integer or a ``jax.random`` key.
     """
-    rng = np.random.default_rng(seed)
+    rng = _generator(seed)
     w1 = rng.standard_normal((features, hidden)) / np.sqrt(features)
     w2 = rng.standard_normal((hidden, classes)) / np.sqrt(hidden)
     arrays = {
@@ -83,7 +90,7 @@ def reference_step(params: dict, x, labels, learning_rate: float = 0.1):
     return sgd(params, grads, learning_rate), value, grads
 
 
-def synthetic_data(seed: int, n: int, features: int, classes: int, dtype=np.float32):
+def synthetic_data(seed, n: int, features: int, classes: int, dtype=np.float32):
     """``n`` Gaussian inputs labelled by a random linear teacher: a learnable task.
 
     The labels are ``argmax(x @ teacher)``, so a model with enough capacity can drive the loss
@@ -93,7 +100,7 @@ def synthetic_data(seed: int, n: int, features: int, classes: int, dtype=np.floa
     teacher = np.random.default_rng([_TEACHER, features, classes]).standard_normal(
         (features, classes)
     )
-    x = np.random.default_rng(seed).standard_normal((n, features)).astype(dtype)
+    x = _generator(seed).standard_normal((n, features)).astype(dtype)
     labels = np.argmax(x @ teacher, axis=-1).astype(np.int32)
     return jnp.asarray(x), jnp.asarray(labels)
 

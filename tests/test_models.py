@@ -88,3 +88,11 @@ def test_model_making_is_deterministic():
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
     assert not np.allclose(a["w1"], models.init(6, 8, 16, 4)["w1"])
+
+
+def test_a_jax_key_works_as_a_seed():
+    a = models.init(jax.random.key(1), 8, 16, 4)
+    b = models.init(jax.random.key(1), 8, 16, 4)
+    np.testing.assert_array_equal(a["w1"], b["w1"])
+    x, _ = models.synthetic_data(jax.random.key(2), 10, 8, 4)
+    assert x.shape == (10, 8)
