@@ -175,3 +175,25 @@ def scaled(small, large, plan: Plan | None = None):
     """
     plan = current() if plan is None else plan
     return small if plan.platform == "cpu" else large
+
+
+@dataclass(frozen=True)
+class TpuCore:
+    """The attributes ``jax.devices()`` reports for one TPU core, for lessons without a TPU."""
+
+    id: int
+    coords: tuple[int, int, int]
+    core_on_chip: int
+    platform: str = "tpu"
+    device_kind: str = "TPU v3"
+    process_index: int = 0
+
+
+def tpu_v3_8() -> list[TpuCore]:
+    """The eight cores of a TPU v3-8 board: 4 chips in a 2x2 grid, 2 cores each, in id order.
+
+    These are the ids, chip coordinates and core numbers JAX reports on such a board, so
+    ``mesh_utils.create_device_mesh`` orders them as it would the real devices.
+    """
+    chips = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)]
+    return [TpuCore(2 * c + k, chips[c], k) for c in range(4) for k in range(2)]

@@ -1,0 +1,62 @@
+"""Every chapter's exercises, solved with the worked solutions the book shows.
+
+The committed notebooks keep the reader's cells as stubs. Here each exercise cell is replaced by
+the solution from the dropdown below it (keeping the checking call), the chapter is executed,
+and every checker must answer "Correct".
+"""
+
+import re
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from nbconventions import ROOT
+
+pytestmark = pytest.mark.slow
+
+SOLUTION = re.compile(r":::\{dropdown\} Solution\s*\n```python\n(.*?)```", re.S)
+
+
+def exercise_cells(nb):
+    """(index of the exercise cell, the solution code shown after it) for each exercise."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if "exercise" not in cell.metadata.get("tags", []):
+            continue
+        later = "\n".join(c.source for c in nb.cells[i + 1 : i + 3] if c.cell_type == "markdown")
+        match = SOLUTION.search(later)
+        assert match, f"exercise cell {i} has no solution dropdown after it"
+        found.append((i, match.group(1)))
+    return found
+
+
+def chapters_with_exercises():
+    paths = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return [p for p in paths if exercise_cells(nbformat.read(p, as_version=4))]
+
+
+def test_the_first_chapters_have_checked_exercises():
+    stems = [p.stem for p in chapters_with_exercises()]
+    assert {"01_devices_and_meshes", "02_sharded_arrays"} <= set(stems)
+
+
+@pytest.mark.parametrize("path", chapters_with_exercises(), ids=lambda p: p.stem)
+def test_worked_solutions_pass_their_checkers(path):
+    nb = nbformat.read(path, as_version=4)
+    cells = exercise_cells(nb)
+    for i, solution in cells:
+        checks = [line for line in nb.cells[i].source.splitlines() if "book.exercises." in line]
+        assert checks, f"exercise cell {i} calls no checker"
+        nb.cells[i].source = solution + "\n\n" + "\n".join(checks)
+    NotebookClient(nb, timeout=300, resources={"metadata": {"path": str(path.parent)}}).execute()
+    for i, _ in cells:
+        shown = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[i].outputs)
+        assert shown.startswith("Correct:"), f"{path.stem} cell {i}: {shown}"
+
+
+@pytest.mark.parametrize("path", chapters_with_exercises(), ids=lambda p: p.stem)
+def test_stubs_are_explained_not_failed(path):
+    nb = nbformat.read(path, as_version=4)
+    for i, _ in exercise_cells(nb):
+        assert "return None" in nb.cells[i].source or "= None" in nb.cells[i].source
