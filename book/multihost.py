@@ -28,15 +28,41 @@ from book.errors import ReaderError
 TAIL_LINES = 20
 _POLL_SECONDS = 0.02
 
-# Every worker starts through this shim on Linux: it asks the kernel to kill the worker when the
-# process that launched it dies (PR_SET_PDEATHSIG), so even a kernel killed outright (SIGKILL,
-# where no Python cleanup runs) leaves no worker behind. The setting survives exec.
+# Every worker starts through this shim, which then runs the script as ``__main__``. On Linux it
+# first asks the kernel to kill the worker when the process that launched it dies
+# (PR_SET_PDEATHSIG), so even a kernel killed outright, where no Python cleanup runs, leaves no
+# worker behind. And a worker that raises exits at once: a normal exit would first wait in
+# jax.distributed's shutdown barrier for peers that are themselves waiting for it.
 _SHIM = """\
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-if os.getppid() != int(sys.argv[1]):
+import os, runpy, signal, sys, traceback
+if sys.platform.startswith("linux"):
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+parent, script, *args = sys.argv[1:]
+if os.getppid() != int(parent):
     sys.exit("launch: the launching process is gone")
-os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+sys.argv = [script, *args]
+sys.path[0] = os.path.dirname(script)
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as stop:
+    if stop.code in (None, 0):
+        raise
+    if not isinstance(stop.code, int):
+        print(stop.code, file=sys.stderr)
+    code = stop.code if isinstance(stop.code, int) else 1
+except BaseException as error:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb or error.__traceback__)
+    code = 1
+else:
+    code = 0
+sys.stdout.flush()
+sys.stderr.flush()
+if code:
+    os._exit(code)
 """
 
 EnvChoice = Mapping[str, "str | None"] | Callable[[int], Mapping[str, "str | None"]] | None
@@ -149,10 +175,8 @@ def _check_arguments(script, num_processes, devices_per_process, timeout) -> Pat
     return path
 
 
-def _command(path: Path, args: Sequence[str]) -> list[str]:
-    if sys.platform.startswith("linux"):
-        return [sys.executable, "-c", _SHIM, str(os.getpid()), str(path), *map(str, args)]
-    return [sys.executable, str(path), *map(str, args)]
+def _command(path: Path, args: Sequence) -> list[str]:
+    return [sys.executable, "-c", _SHIM, str(os.getpid()), str(path), *map(str, args)]
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:

@@ -168,6 +168,40 @@ def test_a_crash_stops_the_others_at_once(sleeper, tmp_path):
     assert_nothing_left(tmp_path, pids)
 
 
+BARRIER_WORKER = textwrap.dedent(
+    """
+    import os
+    import jax
+    from jax.experimental import multihost_utils
+
+    jax.distributed.initialize(
+        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+        process_id=int(os.environ["JAX_PROCESS_ID"]),
+    )
+    if jax.process_index() == 1:
+        raise RuntimeError("process 1 gives up")
+    multihost_utils.sync_global_devices("never reached by process 1")
+    """
+)
+
+
+def test_a_jax_worker_that_raises_is_reported_at_once(tmp_path):
+    """Not after jax.distributed's shutdown barrier, where a raising worker would wait."""
+    script = tmp_path / "barrier_worker.py"
+    script.write_text(BARRIER_WORKER)
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        launch(script, timeout=60)
+    elapsed = time.monotonic() - start
+    assert caught.value.process == 1
+    message = str(caught.value)
+    assert "RuntimeError: process 1 gives up" in message
+    assert 'barrier_worker.py", line 11, in <module>' in message
+    assert "runpy" not in message  # the launcher's own frames are left out
+    assert elapsed < 15, f"the failure took {elapsed:.1f} s to be reported"
+    assert_nothing_left(tmp_path)
+
+
 def test_a_hang_is_killed_at_the_timeout_with_its_siblings(sleeper, tmp_path):
     start = time.monotonic()
     with pytest.raises(WorkerError) as caught:
