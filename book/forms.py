@@ -127,9 +127,7 @@ def sharding_explorer(array_shape: str = "(8, 4)") -> static_forms.Form:
 
     A kernel shows the live widget; the online book shows the pre-rendered twin.
     """
-    return static_forms.Form(
-        _sharding_widget(array_shape), static_sharding_explorer(array_shape)
-    )
+    return static_forms.Form(_sharding_widget(array_shape), static_sharding_explorer(array_shape))
 
 
 def _sharding_widget(array_shape: str):

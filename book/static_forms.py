@@ -106,4 +106,3 @@ def _select(label: str, options: Sequence[str]) -> str:
 def _safe_json(text: str) -> str:
     """JSON that cannot close its own <script> element."""
     return text.replace("</", "<\\/")
-
