@@ -207,3 +207,397 @@ def ch02_spec_for_64_bytes(spec):
         "64 bytes needs 4.",
     )
     return f"{spec} splits the matrix 4 ways and keeps 2 copies of every block."
+
+
+# Chapters 03 and 04: what the compiler makes of the reader's program -----------------------
+
+
+def _ints(shape, seed):
+    """Small integers as float32: every sum is exact, so a parallel result equals NumPy's."""
+    return np.random.default_rng(seed).integers(-2, 3, size=shape).astype(np.float32)
+
+
+def _first_sentence(err) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text.split(". ")[0].rstrip(".")[:160]
+
+
+def _run(fn, *args):
+    """The reader's result and compiled program; ``fn`` is jitted here if it is not already.
+
+    A ``ShardingTypeError`` is the lesson of chapter 04, not a bug in the reader's code, so it
+    gets its own sentence instead of the generic one.
+    """
+    import jax
+
+    _need(callable(fn), f"Not answered yet: pass a function, not a {type(fn).__name__}.")
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    try:
+        out = jitted(*args)
+        if out is None:
+            return None, None
+        return out, jitted.lower(*args).compile()
+    except Exception as err:
+        if type(err).__name__ != "ShardingTypeError":
+            raise
+        raise _Wrong(
+            f"JAX cannot decide a sharding in your function ({_first_sentence(err)}); "
+            "settle it with out_sharding= or jax.reshard."
+        ) from None
+
+
+def _same(actual, expected) -> bool:
+    return np.array_equal(np.asarray(actual), expected)
+
+
+def _device_groups(row, mesh) -> list[list[int]]:
+    """A collective's groups as device ids: its members are positions in the mesh's order."""
+    at = list(mesh.devices.flat)
+    return [[at[p].id for p in group] for group in row.groups]
+
+
+def _spec_text(spec) -> str:
+    return "P(" + ", ".join(repr(s) for s in spec) + ")"
+
+
+def _padded(spec, ndim) -> tuple:
+    return tuple(spec) + (None,) * (ndim - len(tuple(spec)))
+
+
+@_checker
+def ch03_no_communication(a_spec, b_spec):
+    """Exercise 3.1: layouts on the 2x4 mesh whose product needs no communication at all.
+
+    Three conditions together: no collective in the compiled product, each output block on one
+    device only (no repeated work), and neither operand stored whole on a device (no replicated
+    shortcut). They leave only one answer up to swapping the axes: A split by rows over one
+    mesh axis, B by columns over the other.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    import book.hlo
+
+    _answered(a_spec, "set a_spec to a PartitionSpec for A, such as P('data', None)")
+    _answered(b_spec, "set b_spec to a PartitionSpec for B")
+    for name, spec in (("a_spec", a_spec), ("b_spec", b_spec)):
+        _need(isinstance(spec, PartitionSpec), f"{name} is a {type(spec).__name__}, not a P(...).")
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    A, B = _ints((32, 64), 31), _ints((64, 16), 32)
+    placed = []
+    for name, value, spec in (("A", A, a_spec), ("B", B, b_spec)):
+        try:
+            placed.append(jax.device_put(value, NamedSharding(mesh, spec)))
+        except Exception as err:  # JAX's own words for an impossible spec
+            raise _Wrong(f"JAX cannot place {name} with {spec}: {_first_sentence(err)}.") from None
+    a, b = placed
+    matmul = jax.jit(jnp.matmul)
+    out = matmul(a, b)
+    _need(_same(out, A @ B), "The product differs from NumPy's, which should not happen.")
+    found = [r.op for r in book.hlo.collectives(matmul.lower(a, b).compile())]
+    _need(
+        "all-reduce" not in found,
+        f"The compiled product sums partial products with an all-reduce: with {a_spec} and "
+        f"{b_spec} the contraction dimension K is split, so keep K whole on both sides.",
+    )
+    _need(
+        not found,
+        f"The compiled product needs {' and '.join(found)}: the compiler must move an operand, "
+        "because the two splits cannot be combined where they are.",
+    )
+    for name, x in (("A", a), ("B", b)):
+        _need(
+            x.sharding.shard_shape(x.shape) != x.shape,
+            f"With {x.sharding.spec} every device stores the whole of {name}; split it over a "
+            "mesh axis the other operand leaves free.",
+        )
+    copies = out.size // int(np.prod(out.sharding.shard_shape(out.shape)))
+    _need(
+        copies == 8,
+        f"The output is split only {copies} ways, so {8 // copies} devices compute every block; "
+        "use the other mesh axis for the other output dimension.",
+    )
+    return (
+        f"the output comes out as {out.sharding.spec}, one block per device, and the compiled "
+        "product has no collective at all."
+    )
+
+
+@_checker
+def ch03_gram(gram):
+    """Exercise 3.2: ``a.T @ a`` for ``a`` split by rows, left split by rows: no all-gather.
+
+    Each device's rows of ``a`` give a partial ``aᵀa``; the cheap plan sums those partial
+    products and keeps each device's rows of the sum (a reduce-scatter), while the expensive
+    one all-gathers ``a``. On mock CPU devices the compiler writes the reduce-scatter as an
+    all-reduce followed by a slice, so the check accepts either reduction and rejects any
+    all-gather, which no platform needs here.
+    """
+    import jax
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    A = _ints((128, 16), 33)
+    a = jax.device_put(A, NamedSharding(mesh, P("x", None)))
+    out, compiled = _run(gram, a)
+    _answered(out, "gram returns nothing yet; return a.T @ a")
+    _need(
+        getattr(out, "shape", None) == (16, 16) and _same(out, A.T @ A),
+        "The result is not a.T @ a: check the order of the transpose and the product.",
+    )
+    spec = out.sharding.spec
+    _need(
+        not out.sharding.is_fully_replicated,
+        "Every device ends up with the whole of a.T @ a; ask for it split by rows with "
+        "out_shardings= (or a sharding constraint on the product).",
+    )
+    _need(
+        not out.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "x")), 2),
+        "The product is split by columns, P(None, 'x'); the values match because aᵀa is "
+        "symmetric, but the exercise asks for rows, P('x', None).",
+    )
+    _need(
+        out.sharding.is_equivalent_to(NamedSharding(mesh, P("x", None)), 2),
+        f"The product comes out as {spec}; ask for P('x', None), each device keeping its rows.",
+    )
+    import book.hlo
+
+    rows = book.hlo.collectives(compiled)
+    gathered = [r for r in rows if r.op == "all-gather"]
+    _need(
+        not gathered,
+        f"The compiled program all-gathers {list(gathered[0].shape if gathered else ())}: it "
+        "moves a to every device instead of summing each device's partial product.",
+    )
+    ops = [r.op for r in rows]
+    _need(
+        ops in (["reduce-scatter"], ["all-reduce"]),
+        f"Expected one reduction of the partial products, but the program has {ops or 'none'}.",
+    )
+    how = (
+        "a reduce-scatter"
+        if ops == ["reduce-scatter"]
+        else "an all-reduce and a slice (the CPU compiler's way of writing a reduce-scatter)"
+    )
+    return f"each device keeps its rows of aᵀa, the partial products summed with {how}."
+
+
+@_checker
+def ch03_sum_groups(groups, out_spec):
+    """Exercise 3.3: which devices add together in ``a.sum(axis=0)``, a split P('data', 'model').
+
+    Summing over rows combines blocks that differ only in their ``data`` index, so the
+    all-reduce runs within each column of the mesh, and the sums stay split over ``model``.
+    """
+    import jax
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    import book.hlo
+
+    _answered(groups, "set groups to a list of lists of device ids")
+    _answered(out_spec, "set out_spec to a PartitionSpec")
+    _need(isinstance(out_spec, PartitionSpec), f"out_spec is a {type(out_spec).__name__}, not a P.")
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    A = _ints((16, 32), 34)
+    a = jax.device_put(A, NamedSharding(mesh, PartitionSpec("data", "model")))
+    column_sums = jax.jit(lambda a: a.sum(axis=0))
+    out = column_sums(a)
+    (reduce,) = book.hlo.collectives(column_sums.lower(a).compile())
+    real = {frozenset(g) for g in _device_groups(reduce, mesh)}
+    try:
+        yours = {frozenset(int(d) for d in g) for g in groups}
+    except Exception:
+        raise _Wrong(
+            "groups should be a list of lists of device ids, e.g. [[0, 1], [2, 3]]."
+        ) from None
+    mesh_rows = {frozenset(d.id for d in row) for row in mesh.devices}
+    _need(
+        yours != mesh_rows,
+        "Those are the rows of the mesh, devices with the same data index; summing a's rows "
+        "adds blocks that differ in their data index.",
+    )
+    _need(
+        yours == real,
+        f"The all-reduce adds within {sorted(sorted(g) for g in real)}: one group per column of "
+        "the mesh, the devices that hold the same columns of a.",
+    )
+    _need(
+        NamedSharding(mesh, out_spec).is_equivalent_to(out.sharding, 1),
+        f"The sums come out as {_spec_text(out.sharding.spec)}, not {_spec_text(out_spec)}: "
+        "each group adds only its own columns, so the result stays split over 'model'.",
+    )
+    return "one all-reduce per column of the mesh, and the sums stay split over 'model'."
+
+
+# Chapter 04 ------------------------------------------------------------------------------
+
+
+def _explicit_2x4():
+    import jax
+    from jax.sharding import AxisType
+
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+
+_CH04_CODE = {
+    "transposed": "x.T",
+    "concatenated": "jnp.concatenate([x, x], axis=1)",
+    "sliced": "x[:, : d_in // 2]",
+}
+
+
+@_checker
+def ch04_predict_types(transposed, concatenated, sliced, moves_data):
+    """Exercise 4.1: the sharding in the type of three results, and which of them move data.
+
+    The point is that the type does not tell the cost: a concatenation and a slice keep ``x``'s
+    spec, but the blocks of the result are not the blocks each device holds.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import book.hlo
+
+    answers = {"transposed": transposed, "concatenated": concatenated, "sliced": sliced}
+    for name, answer in answers.items():
+        _answered(answer, f"set {name} to a PartitionSpec")
+        _need(isinstance(answer, P), f"{name} is a {type(answer).__name__}, not a P(...).")
+    _answered(moves_data, "set moves_data to a set of names, such as {'sliced'}")
+    if isinstance(moves_data, str):
+        moves_data = {moves_data}
+    moves_data = set(moves_data)
+    unknown = moves_data - set(answers)
+    _need(not unknown, f"moves_data names {sorted(unknown)}; use names from {sorted(answers)}.")
+    cases = {
+        "transposed": lambda x: x.T,
+        "concatenated": lambda x: jnp.concatenate([x, x], axis=1),
+        "sliced": lambda x: x[:, : x.shape[1] // 2],
+    }
+    moving = set()
+    with jax.set_mesh(_explicit_2x4()):
+        x = jax.device_put(_ints((16, 32), 41), P("data", "model"))
+        for name, fn in cases.items():
+            code = _CH04_CODE[name]
+            jitted = jax.jit(fn)
+            out = jitted(x)
+            real = jax.typeof(out).sharding.spec
+            _need(
+                _padded(answers[name], out.ndim) == _padded(real, out.ndim),
+                f"{code} has type {jax.typeof(out)}, so its spec is {_spec_text(real)}, not "
+                f"{_spec_text(answers[name])}.",
+            )
+            if book.hlo.collectives(jitted.lower(x).compile()):
+                moving.add(name)
+    for name in sorted(moving - moves_data):
+        _need(
+            False,
+            f"{_CH04_CODE[name]} moves data too: its type keeps a split over 'model', but "
+            "the result's blocks are not the blocks of x each device holds.",
+        )
+    for name in sorted(moves_data - moving):
+        _need(
+            False,
+            f"{_CH04_CODE[name]} moves nothing: every device makes its block of the result "
+            "from its own block of x.",
+        )
+    return (
+        "x.T is free, while the concatenation and the slice keep the spec of x in their type "
+        "yet move data."
+    )
+
+
+@_checker
+def ch04_mlp(mlp):
+    """Exercise 4.2: chapter 03's perceptron on explicit axes, returned with the type of x.
+
+    The one right plan sums the second product's partial products with a single all-reduce
+    within each 'model' group; gathering the hidden activation or the second weight is
+    rejected. An all-reduce is what every platform emits here (the result is whole along
+    'model'), so the check reads the same on mock CPU devices as on accelerators.
+    """
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    import book.hlo
+
+    mesh = _explicit_2x4()
+    X, W1, W2 = _ints((16, 32), 42), _ints((32, 64), 43), _ints((64, 32), 44)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(X, P("data", None))
+        w1 = jax.device_put(W1, P(None, "model"))
+        w2 = jax.device_put(W2, P("model", None))
+        out, compiled = _run(mlp, x, w1, w2)
+        _answered(out, "mlp returns nothing yet; return relu(x @ w1) @ w2")
+        kind = jax.typeof(out)
+    _need(
+        getattr(out, "shape", None) == X.shape and _same(out, np.maximum(X @ W1, 0) @ W2),
+        "The values differ from relu(x @ w1) @ w2 computed on one device.",
+    )
+    spec = _padded(kind.sharding.spec, 2)
+    _need(
+        spec != ("data", "model"),
+        f"The result has type {kind}: still split over 'model', the reduce-scatter answer; "
+        "the next layer wants the type of x, P('data', None).",
+    )
+    _need(spec == ("data", None), f"The result has type {kind}; it should be P('data', None).")
+    rows = book.hlo.collectives(compiled)
+    for r in rows:
+        if r.op != "all-gather":
+            continue
+        what = {
+            (8, 64): "the hidden activation, which should never leave its device",
+            (64, 32): "w2, a whole copy of the weight on every device",
+        }.get(r.shape, "an operand")
+        raise _Wrong(
+            f"The program all-gathers {what} ({list(r.shape)} per device); let the second "
+            "product's partial sums be added instead."
+        )
+    model_groups = [[d.id for d in row] for row in mesh.devices]
+    _need(
+        [r.op for r in rows] == ["all-reduce"] and _device_groups(rows[0], mesh) == model_groups,
+        f"Expected one all-reduce within each 'model' group {model_groups}, but the program has "
+        f"{[(r.op, _device_groups(r, mesh)) for r in rows] or 'no collective'}.",
+    )
+    return (
+        f"the result is {kind}, and the only communication is one all-reduce of "
+        f"{rows[0].bytes:,} bytes per device within each 'model' group."
+    )
+
+
+@_checker
+def ch04_small_operand(product):
+    """Exercise 4.3: ``a @ v`` with a small ``a`` and a large ``v``, moving only ``a``.
+
+    Any collective whose result is larger than the whole of ``a`` must carry (part of) ``v``,
+    so that is the test. It holds on every platform: only what moves is checked, not which
+    collectives the compiler picks to move it.
+    """
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    import book.hlo
+
+    A, V = _ints((8, 32), 45), _ints((32, 256), 46)
+    with jax.set_mesh(_explicit_2x4()):
+        a = jax.device_put(A, P("data", None))
+        v = jax.device_put(V, P(None, "data"))
+        out, compiled = _run(product, a, v)
+        _answered(out, "product returns nothing yet; return a @ v")
+        kind = jax.typeof(out)
+    _need(
+        getattr(out, "shape", None) == (8, 256) and _same(out, A @ V),
+        "The values differ from a @ v computed on one device.",
+    )
+    rows = book.hlo.collectives(compiled)
+    big = max(rows, key=lambda r: r.bytes, default=None)
+    _need(
+        big is None or big.bytes <= A.nbytes,
+        f"The program moves v: its {big.op if big else ''} delivers "
+        f"{big.bytes if big else 0:,} bytes per device, more than all of a ({A.nbytes:,} "
+        "bytes); move a instead.",
+    )
+    moved = ", ".join(f"{r.op} {list(r.shape)}" for r in rows)
+    return f"only a-sized pieces move ({moved}), and the result has type {kind}."

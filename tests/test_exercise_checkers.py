@@ -1,9 +1,10 @@
 """Each checker accepts a right answer and rejects plausible wrong ones, in one sentence."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from book import exercises
@@ -72,3 +73,95 @@ def test_ch02_spec_for_64_bytes():
 def test_verdicts_render_as_one_line():
     verdict = exercises.ch02_predict((16, 1, 4), 1)
     assert repr(verdict).startswith("Correct: ") and "✔" in verdict._repr_html_()
+
+
+def test_ch03_no_communication():
+    assert exercises.ch03_no_communication(P("data", None), P(None, "model")).ok
+    assert exercises.ch03_no_communication(P("model"), P(None, "data")).ok
+    both_split_k = exercises.ch03_no_communication(P("data", "model"), P("model", None))
+    rejected(both_split_k, "all-reduce")
+    rejected(exercises.ch03_no_communication(P("data"), P(None, "data")), "all-gather")
+    rejected(exercises.ch03_no_communication(P(("data", "model")), P()), "whole of B")
+    rejected(exercises.ch03_no_communication(P("data", "data"), P()), "JAX cannot place A")
+    rejected(exercises.ch03_no_communication(None, None), "Not answered yet")
+
+
+def test_ch03_gram():
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    rows = NamedSharding(mesh, P("x", None))
+
+    def gathers_a(a):
+        a = jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P()))
+        return a.T @ a
+
+    assert exercises.ch03_gram(jax.jit(lambda a: a.T @ a, out_shardings=rows)).ok
+    assert exercises.ch03_gram(lambda a: jax.lax.with_sharding_constraint(a.T @ a, rows)).ok
+    rejected(exercises.ch03_gram(jax.jit(lambda a: a.T @ a)), "whole of a.T @ a")
+    by_cols = jax.jit(lambda a: a.T @ a, out_shardings=NamedSharding(mesh, P(None, "x")))
+    rejected(exercises.ch03_gram(by_cols), "split by columns")
+    rejected(exercises.ch03_gram(jax.jit(gathers_a, out_shardings=rows)), "all-gathers")
+    rejected(exercises.ch03_gram(lambda a: a @ a.T), "not a.T @ a")
+    rejected(exercises.ch03_gram(lambda a: None), "Not answered yet")
+
+
+def test_ch03_sum_groups():
+    columns = [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert exercises.ch03_sum_groups(columns, P("model")).ok
+    rejected(exercises.ch03_sum_groups([[0, 1, 2, 3], [4, 5, 6, 7]], P("model")), "rows of")
+    rejected(exercises.ch03_sum_groups([[0, 4, 1, 5], [2, 6, 3, 7]], P("model")), "column")
+    rejected(exercises.ch03_sum_groups(columns, P()), "split over 'model'")
+    rejected(exercises.ch03_sum_groups(3, P()), "list of lists")
+
+
+def test_ch04_predict_types():
+    right = (P("model", "data"), P("data", "model"), P("data", "model"))
+    moving = {"concatenated", "sliced"}
+    assert exercises.ch04_predict_types(*right, moving).ok
+    assert exercises.ch04_predict_types(*right, ["sliced", "concatenated"]).ok
+    rejected(exercises.ch04_predict_types(*right, {"concatenated"}), "moves data too")
+    rejected(exercises.ch04_predict_types(*right, moving | {"transposed"}), "moves nothing")
+    not_swapped = (P("data", "model"), *right[1:])
+    rejected(exercises.ch04_predict_types(*not_swapped, moving), "x.T has type")
+    rejected(exercises.ch04_predict_types(*right, {"sorted"}), "use names from")
+    rejected(exercises.ch04_predict_types(None, None, None, None), "Not answered yet")
+
+
+def hidden(x, w1):
+    return jnp.maximum(x @ w1, 0)
+
+
+def test_ch04_mlp():
+    def right(x, w1, w2):
+        return jnp.matmul(hidden(x, w1), w2, out_sharding=P("data", None))
+
+    def scattered(x, w1, w2):
+        return jnp.matmul(hidden(x, w1), w2, out_sharding=P("data", "model"))
+
+    def gathers_hidden(x, w1, w2):
+        return jax.reshard(hidden(x, w1), P("data", None)) @ w2
+
+    def gathers_w2(x, w1, w2):
+        return hidden(x, w1) @ jax.reshard(w2, P())
+
+    assert exercises.ch04_mlp(right).ok
+    rejected(exercises.ch04_mlp(scattered), "still split over 'model'")
+    rejected(exercises.ch04_mlp(gathers_hidden), "all-gathers the hidden activation")
+    rejected(exercises.ch04_mlp(gathers_w2), "all-gathers w2")
+    rejected(exercises.ch04_mlp(lambda x, w1, w2: hidden(x, w1) @ w2), "out_sharding=")
+    no_relu = exercises.ch04_mlp(lambda x, w1, w2: jnp.matmul(x @ w1, w2, out_sharding=P("data")))
+    rejected(no_relu, "values differ")
+
+
+def test_ch04_small_operand():
+    def out_by_columns(a, v):
+        return jnp.matmul(a, v, out_sharding=P(None, "data"))
+
+    def out_by_rows(a, v):
+        return jnp.matmul(a, v, out_sharding=P("data", None))
+
+    assert exercises.ch04_small_operand(out_by_columns).ok
+    assert exercises.ch04_small_operand(lambda a, v: jax.reshard(a, P()) @ v).ok
+    rejected(exercises.ch04_small_operand(out_by_rows), "moves v")
+    rejected(exercises.ch04_small_operand(lambda a, v: a @ jax.reshard(v, P())), "moves v")
+    rejected(exercises.ch04_small_operand(lambda a, v: a @ v), "JAX cannot decide")
+    rejected(exercises.ch04_small_operand(None), "Not answered yet")
