@@ -205,7 +205,13 @@ _GLOO_NOTICE = re.compile(
 def _read(path: Path) -> str:
     if not path.exists():
         return ""
-    return _GLOO_NOTICE.sub("", path.read_text(encoding="utf-8", errors="replace"))
+    text = path.read_text(encoding="utf-8", errors="replace")
+    # Notices printed from several threads at once can nest one inside another; removing the
+    # inner one completes the outer, so repeat until none is left.
+    while True:
+        text, found = _GLOO_NOTICE.subn("", text)
+        if not found:
+            return text
 
 
 def _log(folder: Path, i: int) -> str:

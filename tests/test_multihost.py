@@ -299,6 +299,11 @@ def test_gloo_notices_are_left_out(tmp_path):
         "Expected number of connected peer ranks is : 7\ntwo\n"
     )
     assert book.multihost._read(path) == "one\ntwo\n"
+    notice = (
+        "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : "
+    )
+    path.write_text(f"one\n{notice}{notice}1\n1\ntwo\n")  # two threads, interleaved
+    assert book.multihost._read(path) == "one\ntwo\n"
 
 
 def test_free_ports_differ_and_bind():
