@@ -1,0 +1,33 @@
+"""The rendered pages of chapters 10 and 11 carry what their cells showed, for every process."""
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
+
+
+def page(html, stem):
+    return (html / "notebooks" / f"{stem}.html").read_text()
+
+
+def test_chapter_10_shows_the_pieces_and_the_training(built_book):
+    text = page(built_book, "10_sharded_data_loading")
+    assert "rows per read: [8, 8, 8, 8, 8, 8, 8, 8]" in text
+    assert "each shard is the piece put there, not a copy: True" in text
+    assert text.count("class='bk-dev'") >= 8  # the example numbers on every device
+    assert "epoch 1: 1024 examples, 1024 distinct" in text
+    assert "48 steps, 1152 reads, the largest 8 rows" in text
+
+
+def test_chapter_11_shows_the_output_of_every_process(built_book):
+    text = page(built_book, "11_multi_controller")
+    # The launches of the tour, the training run and the Slurm-style run, one column each.
+    for i in range(2):
+        assert text.count(f">process {i}</div>") >= 2
+        assert f"process_index: {i}" in text
+        assert f"rows of each batch read here: {32 * i}:{32 * (i + 1)}" in text
+    assert "np.asarray(x) raises: RuntimeError: Fetching value" in text
+    assert "epoch 1: 512 examples over all processes, each once" in text
+    assert "peers detected by jax.distributed.initialize()" in text
+    assert "FileNotFoundError: process 1 cannot find its shard of the data" in text
+    assert "[Gloo]" not in text
+    assert "highlight-bash" in text and "#SBATCH --gpus-per-task=1" in text
