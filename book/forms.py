@@ -217,12 +217,12 @@ MAX_MODEL_SIZE = 65536
 
 
 def strategy_mesh_choices(strategy: str, device_count: int) -> list[str]:
-    """Mesh shapes the strategy form offers: axis sizes 2, 4, ... that fit the devices.
+    """Mesh shapes the strategy form offers: axis sizes ..., 4, 2 that fit the devices.
 
     One axis for DP, FSDP and TP; for DP x TP, every ``data x model`` split of all devices
-    with both axes at least 2.
+    with both axes at least 2. The largest mesh comes first, so it is what a form shows first.
     """
-    sizes = [2**k for k in range(1, device_count.bit_length()) if 2**k <= device_count]
+    sizes = [2**k for k in range(device_count.bit_length() - 1, 0, -1)]
     if strategy == "DP x TP":
         return [f"{a}x{device_count // a}" for a in sizes if 2 <= device_count // a]
     return [str(k) for k in sizes]
@@ -318,10 +318,14 @@ def _strategy_html(a) -> str:
     axes = ", ".join(
         f"{name}={size}" for name, size in zip(strategies.AXES[a.strategy], a.mesh_shape)
     )
+    if len(a.mesh_shape) == 1:
+        mesh_text = f"{a.mesh_shape[0]}-device"
+    else:
+        mesh_text = "x".join(map(str, a.mesh_shape))
     s = a.sizes
     head = (
         f"<div class='bk-viz'><b>{html.escape(a.strategy)} on a "
-        f"{'x'.join(map(str, a.mesh_shape))} mesh ({html.escape(axes)})</b>: batch {s.batch}, "
+        f"{mesh_text} mesh ({html.escape(axes)})</b>: batch {s.batch}, "
         f"MLP {s.features} → {s.hidden} → {s.classes}. "
         f"{html.escape(STRATEGY_EXPLAINED[a.strategy])}</div>"
     )
@@ -422,7 +426,7 @@ def _strategy_widget():
 
     def on_strategy(*_):
         choices = strategy_mesh_choices(strategy_box.value, count)
-        keep = mesh_box.value if mesh_box.value in choices else choices[-1]
+        keep = mesh_box.value if mesh_box.value in choices else choices[0]
         mesh_box.unobserve(update, names="value")
         mesh_box.options = choices
         mesh_box.value = keep

@@ -9,9 +9,9 @@ from book import forms
 
 
 def test_mesh_choices_of_eight_devices():
-    assert forms.strategy_mesh_choices("DP", 8) == ["2", "4", "8"]
-    assert forms.strategy_mesh_choices("DP x TP", 8) == ["2x4", "4x2"]
-    assert forms.strategy_mesh_choices("TP", 6) == ["2", "4"]
+    assert forms.strategy_mesh_choices("DP", 8) == ["8", "4", "2"]
+    assert forms.strategy_mesh_choices("DP x TP", 8) == ["4x2", "2x4"]
+    assert forms.strategy_mesh_choices("TP", 6) == ["4", "2"]
 
 
 def test_render_shows_parameters_memory_and_collectives():
@@ -60,7 +60,7 @@ def test_static_twin_offers_every_strategy_and_mesh(monkeypatch):
     monkeypatch.setattr(forms, "render_strategy", lambda s, m: f"<p>{s} on {m}</p>")
     page = forms.static_strategy_explorer()
     data = json.loads(re.search(r"class='bk-data'>(.*?)</script>", page).group(1))
-    assert data["rest"]["DP x TP"] == [["2x4", "4x2"]]
+    assert data["rest"]["DP x TP"] == [["4x2", "2x4"]]
     assert set(data["keys"]) == {
         *(f"{s}|{n}" for s in ("DP", "FSDP", "TP") for n in ("2", "4", "8")),
         "DP x TP|2x4",
@@ -76,10 +76,10 @@ def test_widget_follows_the_choices(monkeypatch):
     controls, out = form.widget.children
     strategy_box, mesh_box = controls.children[0].children
     hidden_box = controls.children[1].children[2]
-    assert mesh_box.options == ("2", "4", "8") and mesh_box.value == "8"
-    assert "DP on a 8 mesh" in out.value
+    assert mesh_box.options == ("8", "4", "2") and mesh_box.value == "8"
+    assert "DP on a 8-device mesh (data=8)" in out.value
     strategy_box.value = "DP x TP"
-    assert mesh_box.options == ("2x4", "4x2")
+    assert mesh_box.options == ("4x2", "2x4")
     assert "DP x TP on a 4x2 mesh" in out.value
     mesh_box.value = "2x4"
     assert "(data=2, model=4)" in out.value
