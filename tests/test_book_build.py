@@ -71,3 +71,16 @@ def test_landing_page_maps_the_chapters_and_says_how_to_read(html):
     text = re.sub(r"<[^>]+>", "", text)
     for way in ("Online", "In Colab", "In Kaggle", "Locally", "make lab", "TPU v5e-8"):
         assert way in text, way
+
+
+def test_chapters_07_to_09_show_plots_tables_and_the_strategy_form(html):
+    plot = r'<img[^>]+src="\.\./_images/[0-9a-f]+\.png"'
+    text = page(html, "07_data_parallelism")
+    assert re.search(plot, text)  # the loss curve
+    assert "loss and gradients match the single-device reference" in text
+    text = page(html, "08_fsdp")
+    assert re.search(plot, text)  # the memory per device
+    assert "FSDP with remat: same loss and gradients as DP" in text
+    text = page(html, "09_tensor_parallelism")
+    assert "measured from HLO vs formula" in text
+    assert "class='bk-form'" in text and "class='bk-data'" in text  # the static strategy form
