@@ -601,3 +601,179 @@ def ch04_small_operand(product):
     )
     moved = ", ".join(f"{r.op} {list(r.shape)}" for r in rows)
     return f"only a-sized pieces move ({moved}), and the result has type {kind}."
+
+
+# Chapter 12 ------------------------------------------------------------------------------
+
+
+@_checker
+def ch12_intensity(intensity):
+    """Exercise 12.1: FLOPs per byte of an ``(m, k) @ (k, n)`` float32 product, as XLA counts."""
+    import jax
+    import jax.numpy as jnp
+
+    _need(
+        callable(intensity),
+        f"Not answered yet: pass a function, not a {type(intensity).__name__}.",
+    )
+    found = []
+    for m, k, n in [(128, 128, 128), (8, 4096, 8), (256, 64, 1024)]:
+        a = jax.ShapeDtypeStruct((m, k), jnp.float32)
+        b = jax.ShapeDtypeStruct((k, n), jnp.float32)
+        counts = jax.jit(jnp.matmul).lower(a, b).compile().cost_analysis()
+        real = counts["flops"] / counts["bytes accessed"]
+        got = intensity(m, k, n)
+        _answered(got, "intensity returns nothing yet; return the FLOPs divided by the bytes")
+        _need(
+            isinstance(got, (int, float, np.number)),
+            f"intensity returned a {type(got).__name__}; return a number.",
+        )
+        product = f"({m}, {k}) @ ({k}, {n})"
+        wrong = {
+            real / 2: "that is half XLA's count: a multiply-add is 2 FLOPs, as "
+            "cost.matmul_flops counts it",
+            2 * m * k * n / (4 * (m * k + k * n)): "the output's bytes are missing: the result "
+            "is written to memory too",
+            real * 4: "that counts numbers, not bytes: a float32 number is 4 bytes",
+        }
+        for value, why in wrong.items():
+            _need(not np.isclose(got, value, rtol=1e-6), f"For {product} {why}.")
+        _need(
+            np.isclose(got, real, rtol=1e-6),
+            f"For {product} XLA counts {real:.4g} FLOPs per byte, not {got:.4g}: both inputs "
+            "are read once and the output written once.",
+        )
+        found.append(real)
+    return (
+        f"{found[0]:.3g} FLOPs per byte for the 128-cube but {found[1]:.2g} for the thin "
+        "(8, 4096) @ (4096, 8): a matrix product is compute-bound only when all its "
+        "dimensions are large."
+    )
+
+
+class _Pending:
+    """A result that is ready at a given moment, as a jax.Array is once its work is done."""
+
+    def __init__(self, ready_at: float):
+        self._ready_at = ready_at
+
+    def block_until_ready(self):
+        import time
+
+        delay = self._ready_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return self
+
+
+class _StandIn:
+    """A stand-in for a jitted function, with the three traps of timing one.
+
+    The first call compiles; every call returns at once and its work finishes later, queued
+    behind earlier work; every fourth call is slowed by a busy neighbour.
+    """
+
+    WORK = 0.02
+
+    def __init__(self, compile_s: float = 0.3, slow_s: float = 0.15):
+        self.compile_s, self.slow_s = compile_s, slow_s
+        self.calls, self._busy_until = 0, 0.0
+
+    def __call__(self, *args):
+        import time
+
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.compile_s)
+        work = self.WORK + (self.slow_s if self.calls % 4 == 0 else 0.0)
+        self._busy_until = max(self._busy_until, time.perf_counter()) + work
+        return _Pending(self._busy_until)
+
+
+def _seconds(timer, stand_in) -> float:
+    result = timer(stand_in, np.zeros(4, np.float32))
+    _answered(result, "seconds_per_call returns nothing yet; return a number of seconds")
+    _need(stand_in.calls > 0, "seconds_per_call never calls f; time calls of f(*args).")
+    _need(
+        isinstance(result, (int, float, np.number)),
+        f"seconds_per_call returned a {type(result).__name__}; return a number of seconds.",
+    )
+    return float(result)
+
+
+@_checker
+def ch12_timer(seconds_per_call):
+    """Exercise 12.2: a timer that warms up, waits for each result and takes the median."""
+    from book.timing import format_seconds
+
+    _need(
+        callable(seconds_per_call),
+        f"Not answered yet: pass a function, not a {type(seconds_per_call).__name__}.",
+    )
+    work = _StandIn.WORK
+    said = _seconds(seconds_per_call, _StandIn())
+    _need(
+        said > 0.5 * work,
+        f"Your timer says {format_seconds(said)} per call, but each call's work takes "
+        f"{format_seconds(work)}: it timed the queueing; wait for the result with "
+        "jax.block_until_ready inside the clock.",
+    )
+    if said > 1.5 * work:
+        no_neighbour = _seconds(seconds_per_call, _StandIn(slow_s=0.0))
+        _need(
+            no_neighbour <= 1.5 * work,
+            f"Your timer says {format_seconds(said)} per call for {format_seconds(work)} of "
+            "work: it includes the first call's compile; make one or two untimed calls first.",
+        )
+        raise _Wrong(
+            f"Your timer says {format_seconds(said)} per call for {format_seconds(work)} of "
+            "work: the slow runs pull it up; take the median of several runs, not the mean."
+        )
+    return (
+        f"{format_seconds(said)} per call for {format_seconds(work)} of work: the compile, "
+        "the queueing and the neighbour's slow runs are all left out."
+    )
+
+
+@_checker
+def ch12_dp_tp_bytes(sent_per_device):
+    """Exercise 12.3: bytes each device sends in a DP x TP step on 2x4 with a batch of 512."""
+    from book import cost, models, strategies
+
+    _answered(sent_per_device, "set sent_per_device to a number of bytes")
+    _need(
+        isinstance(sent_per_device, (int, float, np.number)),
+        f"sent_per_device is a {type(sent_per_device).__name__}; give a number of bytes.",
+    )
+    sizes = models.Sizes(batch=512, features=64, hidden=256, classes=16)
+    real = strategies.analyze("DP x TP", (2, 4), sizes).sent_bytes
+
+    def shard(m):  # numbers of the parameters one device holds when TP splits over m
+        return (64 * 256 + 256 + 256 * 16) // m + 16
+
+    logits = 512 // 2 * 16 * 4
+    wrong = {
+        logits + shard(4) * 4 + 4: "those are the sizes of the two arrays all-reduced; on a "
+        "ring of n devices each one sends 2(n-1)/n times an array's size",
+        cost.all_reduce_bytes(512 // 4 * 16 * 4, 2)
+        + cost.all_reduce_bytes(shard(2) * 4 + 4, 4): "the axes are the other way round: "
+        "data (the first) has 2 devices and model 4",
+        cost.all_reduce_bytes(512 * 16 * 4, 4)
+        + cost.all_reduce_bytes(shard(4) * 4 + 4, 2): "each data group holds half the batch, "
+        "so the logits all-reduced over model have 256 rows, not 512",
+        cost.all_reduce_bytes(512 // 2 * 16 * 4, 4)
+        + cost.all_reduce_bytes(models.param_count(sizes) * 4 + 4, 2): "TP has split the "
+        "parameters, so each device all-reduces only its model shard of the gradients",
+    }
+    for value, why in wrong.items():
+        _need(abs(sent_per_device - value) > 4, f"Not {sent_per_device:,.0f} bytes: {why}.")
+    _need(
+        abs(sent_per_device - real) <= 4,
+        f"Not {sent_per_device:,.0f} bytes: count two all-reduces, the logits of your data "
+        "group's rows over model and your model shard of the gradients (and the loss) over "
+        "data.",
+    )
+    return (
+        f"{real:,.0f} bytes per device, as the compiled step's collectives send on a ring "
+        "(the 4-byte loss included or not)."
+    )

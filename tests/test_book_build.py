@@ -84,3 +84,15 @@ def test_chapters_07_to_09_show_plots_tables_and_the_strategy_form(html):
     text = page(html, "09_tensor_parallelism")
     assert "measured from HLO vs formula" in text
     assert "class='bk-form'" in text and "class='bk-data'" in text  # the static strategy form
+
+
+def test_chapter_12_shows_the_roofline_the_cost_chart_and_their_tables(html):
+    text = page(html, "12_performance")
+    plots = re.findall(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.png"', text)
+    assert len(plots) >= 2  # the roofline and the bytes-against-formulas chart
+    for caption in (
+        "published peaks per chip",
+        "bytes each device sends in one training step",
+        "communication-bound on every chip listed",
+    ):
+        assert caption in text, caption

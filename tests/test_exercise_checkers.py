@@ -1,5 +1,8 @@
 """Each checker accepts a right answer and rejects plausible wrong ones, in one sentence."""
 
+import statistics
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,3 +168,58 @@ def test_ch04_small_operand():
     rejected(exercises.ch04_small_operand(lambda a, v: a @ jax.reshard(v, P())), "moves v")
     rejected(exercises.ch04_small_operand(lambda a, v: a @ v), "JAX cannot decide")
     rejected(exercises.ch04_small_operand(None), "Not answered yet")
+
+
+def test_ch12_intensity():
+    from book import cost
+
+    def right(m, k, n):
+        return cost.matmul_flops(m, k, n) / (4 * (m * k + k * n + m * n))
+
+    assert exercises.ch12_intensity(right).ok
+    rejected(exercises.ch12_intensity(lambda m, k, n: right(m, k, n) / 2), "2 FLOPs")
+    no_output = exercises.ch12_intensity(lambda m, k, n: 2 * m * k * n / (4 * (m * k + k * n)))
+    rejected(no_output, "output's bytes are missing")
+    rejected(exercises.ch12_intensity(lambda m, k, n: 4 * right(m, k, n)), "4 bytes")
+    rejected(exercises.ch12_intensity(lambda m, k, n: None), "Not answered yet")
+
+
+def _timer(warmup=2, wait=True, middle=statistics.median):
+    def seconds_per_call(f, *args):
+        for _ in range(warmup):
+            jax.block_until_ready(f(*args))
+        runs = []
+        for _ in range(7):
+            start = time.perf_counter()
+            out = f(*args)
+            if wait:
+                jax.block_until_ready(out)
+            runs.append(time.perf_counter() - start)
+            jax.block_until_ready(out)
+        return middle(runs)
+
+    return seconds_per_call
+
+
+def test_ch12_timer():
+    assert exercises.ch12_timer(_timer()).ok
+    assert exercises.ch12_timer(_timer(warmup=0)).ok  # the median leaves the compile out too
+    rejected(exercises.ch12_timer(_timer(wait=False)), "timed the queueing")
+    rejected(exercises.ch12_timer(_timer(middle=statistics.mean)), "not the mean")
+    rejected(exercises.ch12_timer(_timer(warmup=0, middle=statistics.mean)), "first call's compile")
+    rejected(exercises.ch12_timer(lambda f, *args: None), "Not answered yet")
+
+
+def test_ch12_dp_tp_bytes():
+    from book import cost
+
+    shard = (64 * 256 + 256 + 256 * 16) // 4 + 16
+    right = cost.all_reduce_bytes(256 * 16 * 4, 4) + cost.all_reduce_bytes(shard * 4 + 4, 2)
+    assert right == 45380
+    assert exercises.ch12_dp_tp_bytes(right).ok
+    assert exercises.ch12_dp_tp_bytes(right - 4).ok  # leaving out the loss is fine
+    rejected(exercises.ch12_dp_tp_bytes(256 * 16 * 4 + shard * 4 + 4), "2(n-1)/n")
+    full_batch = cost.all_reduce_bytes(512 * 16 * 4, 4) + cost.all_reduce_bytes(shard * 4 + 4, 2)
+    rejected(exercises.ch12_dp_tp_bytes(full_batch), "half the batch")
+    rejected(exercises.ch12_dp_tp_bytes(50000), "count two all-reduces")
+    rejected(exercises.ch12_dp_tp_bytes(None), "Not answered yet")
