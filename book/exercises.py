@@ -603,6 +603,438 @@ def ch04_small_operand(product):
     return f"only a-sized pieces move ({moved}), and the result has type {kind}."
 
 
+# Chapter 10 ------------------------------------------------------------------------------
+
+
+def _fresh_source(folder, num_examples, features, seed):
+    """A small data set on disk, unlike the chapter's, whose every read is logged."""
+    import book.data
+
+    values = np.random.default_rng(seed).integers(-9, 10, size=(num_examples, features))
+    return book.data.write(folder, x=values.astype(np.float32))
+
+
+@_checker
+def ch10_read_once(build):
+    """Exercise 10.1: a batch on the 4x2 mesh split over 'data' only, each piece read once.
+
+    The two devices of a 'model' group hold the same rows, and ``make_array_from_callback``
+    asks for every device's piece, so it reads each piece twice. The reader's ``build`` must
+    read each of the 4 distinct pieces once, put it on both devices that hold it, and never
+    read more than one piece at a time. Every shard is compared with the file's rows.
+    """
+    import tempfile
+
+    import jax
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import book.data
+
+    _need(callable(build), f"Not answered yet: pass a function, not a {type(build).__name__}.")
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    sharding = NamedSharding(mesh, P("data"))
+    with tempfile.TemporaryDirectory(prefix="book-exercise-") as folder:
+        source = _fresh_source(folder, 96, 5, seed=1001)
+        rows = book.data.epoch_order(96, seed=5, epoch=2)[:32]
+        batch = book.data.Batch(source, "x", rows)
+        want = np.asarray(source.fields["x"][rows])
+        source.reads.clear()
+        out = build(batch, sharding)
+        reads = list(source.reads)
+    _answered(out, "build returns nothing yet; return the batch as a jax.Array")
+    _need(isinstance(out, jax.Array), f"build returned a {type(out).__name__}, not a jax.Array.")
+    _need(out.shape == want.shape, f"The batch has shape {out.shape}; it should be {want.shape}.")
+    _need(
+        out.sharding.is_equivalent_to(sharding, out.ndim),
+        f"The batch comes out as {out.sharding.spec} on its mesh; build it with the sharding "
+        "you were given, P('data') on the 4x2 mesh.",
+    )
+    for shard in out.addressable_shards:
+        _need(
+            np.array_equal(np.asarray(shard.data), want[shard.index]),
+            f"Device {shard.device.id} does not hold rows {shard.index[0].start}:"
+            f"{shard.index[0].stop} of the batch, which its index asks for; put each piece on "
+            "the devices whose index it was read for.",
+        )
+    _need(reads, "Nothing was read through batch.read; read the pieces with it.")
+    piece = want.shape[0] // 4
+    _need(
+        max(reads) <= piece,
+        f"One read fetched {max(reads)} rows"
+        + (", the whole batch" if max(reads) == want.shape[0] else "")
+        + f"; read one piece of {piece} rows at a time, as the devices hold them.",
+    )
+    _need(
+        len(reads) != 8,
+        f"The batch took 8 reads of {piece} rows, but only 4 pieces differ: the 2 devices of "
+        "each 'model' group hold the same rows, so each piece was read twice; read it once and "
+        "put it on both devices.",
+    )
+    _need(
+        sorted(reads) == [piece] * 4,
+        f"The batch took {len(reads)} reads of {reads} rows; 4 reads of {piece} rows, one per "
+        "distinct piece, are enough.",
+    )
+    return (
+        f"4 reads of {piece} rows, each piece placed on both devices of its 'model' group, and "
+        "every shard holds the right rows."
+    )
+
+
+@_checker
+def ch10_padded_epoch(padded_epoch):
+    """Exercise 10.2: every batch full size, the last one padded, the padding masked out.
+
+    Checked on batch sizes that leave a remainder and on one that does not: every example
+    exactly once among the unmasked rows, padding only in the last batch, and the order a
+    deterministic, shuffled function of ``(seed, epoch)`` that every process can compute.
+    """
+    _need(
+        callable(padded_epoch),
+        f"Not answered yet: pass a function, not a {type(padded_epoch).__name__}.",
+    )
+
+    def plan(n, b, seed, epoch):
+        got = padded_epoch(n, b, seed, epoch)
+        _answered(got, "padded_epoch returns nothing yet; return (rows, mask)")
+        _need(
+            isinstance(got, tuple) and len(got) == 2,
+            "padded_epoch should return two arrays, (rows, mask).",
+        )
+        rows, mask = np.asarray(got[0]), np.asarray(got[1])
+        steps = -(-n // b)
+        _need(
+            rows.ndim != 2 or rows.shape[0] >= steps,
+            f"With {n} examples in batches of {b} an epoch has {steps} batches, not "
+            f"{rows.shape[0]}: {n - rows.shape[0] * b} examples are never seen; pad the last "
+            "batch instead of dropping it.",
+        )
+        _need(
+            rows.shape == (steps, b),
+            f"rows has shape {rows.shape}; it should be ({steps}, {b}), every batch {b} rows, "
+            "so that each one splits over the devices and the step compiles once.",
+        )
+        _need(mask.shape == rows.shape, f"mask has shape {mask.shape}; give it that of rows.")
+        _need(
+            np.issubdtype(rows.dtype, np.integer) and 0 <= rows.min() and rows.max() < n,
+            f"Every entry of rows, padding included, should be an example number from 0 to "
+            f"{n - 1}, so that the loader can read it.",
+        )
+        _need(
+            mask.dtype == bool or set(np.unique(mask).tolist()) <= {0, 1},
+            "mask should hold True for real examples and False for padding.",
+        )
+        return rows, mask.astype(bool)
+
+    for n, b in ((1000, 64), (70, 8), (512, 64)):
+        orders = {}
+        for seed, epoch in ((3, 0), (3, 1), (4, 1)):
+            rows, mask = plan(n, b, seed, epoch)
+            ids = rows[mask]
+            counts = np.bincount(ids, minlength=n)
+            padding = rows.size - n
+            if len(ids) == rows.size and padding:
+                raise _Wrong(
+                    f"With {n} examples in batches of {b}, {padding} rows are padding, but "
+                    "mask keeps every row, so the padding trains as real examples; set mask "
+                    "to False there."
+                )
+            _need(
+                len(ids) == n and not (counts != 1).any(),
+                f"The unmasked rows of epoch {epoch} ({n} examples, batches of {b}) miss "
+                f"{(counts == 0).sum()} examples and repeat {(counts > 1).sum()}; each should "
+                "appear exactly once.",
+            )
+            late = [k for k in range(len(mask) - 1) if not mask[k].all()]
+            _need(
+                not late,
+                f"Batch {late[0] if late else 0} of {len(mask)} has masked rows; only the last "
+                "batch should be padded, so that every other step trains on a full batch.",
+            )
+            again = plan(n, b, seed, epoch)
+            _need(
+                np.array_equal(again[0], rows) and np.array_equal(again[1], mask),
+                f"Two calls for seed {seed}, epoch {epoch} gave different batches; every "
+                "process must compute the same ones, so draw the order from (seed, epoch) only.",
+            )
+            _need(
+                not np.array_equal(ids, np.sort(ids)),
+                "The examples come in their stored order; shuffle them every epoch.",
+            )
+            orders[seed, epoch] = ids
+        _need(
+            not np.array_equal(orders[3, 0], orders[3, 1]),
+            "Epochs 0 and 1 visit the examples in the same order; shuffle each epoch with its "
+            "own order, e.g. book.data.epoch_order(num_examples, seed, epoch).",
+        )
+        _need(
+            not np.array_equal(orders[3, 1], orders[4, 1]),
+            "Seeds 3 and 4 give the same order; let the seed choose it.",
+        )
+    return (
+        "every batch is full size, only the last one holds masked padding, and each epoch "
+        "visits every example once in an order fixed by (seed, epoch)."
+    )
+
+
+# Chapter 11: the reader's function runs in every process of a multi-process launch --------
+
+_WORKER_HEAD = """\
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import book.data
+
+jax.distributed.initialize(
+    num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+    process_id=int(os.environ["JAX_PROCESS_ID"]),
+)
+"""
+
+_IN_WORKER = (
+    "it runs alone in each worker process, where only jax, jnp, np, multihost_utils, "
+    "NamedSharding, P, AxisType and book are defined; import anything else inside it"
+)
+
+
+def _function_text(fn, what):
+    """The source of the reader's function, to be copied into each worker process, and its name.
+
+    The source is ``None`` when the body is only a stub (a docstring, ``pass`` or
+    ``return None``), so an unanswered exercise is explained without starting any process.
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    _need(callable(fn), f"Not answered yet: pass a function, not a {type(fn).__name__}.")
+    _need(
+        getattr(fn, "__name__", "") != "<lambda>",
+        f"Write {what} with def, not lambda: the checker copies its source into each process.",
+    )
+    try:
+        text = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        raise _Wrong(
+            f"The checker cannot read the source of {what}; define it with def in a cell."
+        ) from None
+    tree = ast.parse(text)
+    func = tree.body[0] if tree.body else None
+    _need(
+        isinstance(func, ast.FunctionDef)
+        and not func.decorator_list
+        and func.name == getattr(fn, "__name__", None),
+        f"Pass {what} itself, a plain function defined with def, and run its cell again.",
+    )
+    for stmt in func.body:
+        docstring = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+        empty = isinstance(stmt, ast.Return) and (
+            stmt.value is None or getattr(stmt.value, "value", 0) is None
+        )
+        if not (docstring or empty or isinstance(stmt, ast.Pass)):
+            return text, func.name
+    return None, func.name
+
+
+def _in_processes(text, name, what, driver, args=()) -> list[dict]:
+    """Run the reader's function through ``driver`` in 2 processes of 4 CPU devices each.
+
+    The driver prints one ``RESULT <json>`` line per process; their dicts come back in process
+    order. A process that raises, or a launch that hangs, becomes one sentence.
+    """
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import book.multihost
+
+    script = f"{_WORKER_HEAD}\n\n{text}\n\n{driver.replace('READER', name)}"
+    with tempfile.TemporaryDirectory(prefix="book-exercise-") as folder:
+        path = Path(folder) / "exercise_worker.py"
+        path.write_text(script)
+        try:
+            outputs = book.multihost.launch(path, 2, 4, timeout=30, args=args)
+        except book.multihost.WorkerError as err:
+            raise _Wrong(_worker_failure(err, what)) from None
+    results = []
+    for i, out in enumerate(outputs):
+        found = [line[7:] for line in out.splitlines() if line.startswith("RESULT ")]
+        _need(found, f"Process {i} printed no result; let {what} return instead of exiting.")
+        results.append(json.loads(found[-1]))
+    return results
+
+
+def _worker_failure(err, name) -> str:
+    text = str(err)
+    if "still ran after" in text:
+        return (
+            f"{name} still ran after 30 s in process {err.process}: one process probably "
+            "waits in a collective that another never joins; every process must make the "
+            "same JAX calls."
+        )
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    last = lines[-1][:200] if lines else "an error"
+    if "not next to each other" in last:
+        return (
+            "book.data.process_slice refuses this layout: each process's devices hold two "
+            "separate blocks of rows, so there is no one block for "
+            "make_array_from_process_local_data; let each device read its own piece instead."
+        )
+    if last.startswith("NameError"):
+        return f"In process {err.process}, {name} raised {last}: {_IN_WORKER}."
+    return f"In process {err.process}, {name} raised {last}; fix that and check again."
+
+
+_MEANS_DRIVER = """\
+seed = int(sys.argv[1])
+me = jax.process_index()
+local = np.random.default_rng([seed, me]).integers(-4, 5, size=(8, 3)).astype(np.float32)
+mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
+out = READER(local, mesh)
+result = {"local": local.tolist(), "none": out is None}
+try:
+    result["out"] = None if out is None else np.asarray(out, dtype=np.float64).tolist()
+except RuntimeError as err:  # a global array that spans the other process's devices
+    result["unreadable"] = str(getattr(getattr(out, "sharding", None), "spec", "?"))
+print("RESULT " + json.dumps(result))
+jax.distributed.shutdown()
+"""
+
+
+@_checker
+def ch11_column_means(column_means):
+    """Exercise 11.1: the mean of every column over all processes' rows, held by every process.
+
+    Each of 2 processes gets its own fresh ``(8, 3)`` block of rows; the means must cover all
+    16 rows and come back whole in both processes.
+    """
+    text, name = _function_text(column_means, "column_means")
+    _answered(text, "column_means returns nothing yet; return the 3 column means")
+    results = _in_processes(text, name, "column_means", _MEANS_DRIVER, args=[11])
+    pieces = [np.asarray(r["local"]) for r in results]
+    want = np.concatenate(pieces).mean(axis=0)
+    for i, r in enumerate(results):
+        _need(not r["none"], "Not answered yet: column_means returns nothing in the workers.")
+        _need(
+            "unreadable" not in r,
+            f"Process {i} cannot read the result: it is a global array split over both "
+            f"processes, {r.get('unreadable')}; return the means replicated, e.g. with "
+            "out_shardings=NamedSharding(mesh, P()).",
+        )
+        got = np.asarray(r["out"])
+        _need(got.shape == want.shape, f"Process {i} returned shape {got.shape}, not (3,).")
+        own = pieces[i].mean(axis=0)
+        _need(
+            not (np.allclose(got, own) and not np.allclose(got, want)),
+            f"Process {i} returned the means of its own 8 rows only; build one global array "
+            "from both processes' rows and take the means of that.",
+        )
+        _need(
+            np.allclose(got, want, atol=1e-5),
+            f"Process {i} returned {np.round(got, 4).tolist()}, but the means over all 16 rows "
+            f"are {np.round(want, 4).tolist()}.",
+        )
+    return f"both processes hold the means of all 16 rows, {np.round(want, 4).tolist()}."
+
+
+_ROWS_DRIVER = """\
+folder, seed = sys.argv[1], int(sys.argv[2])
+source = book.data.Source(folder)
+asked = []
+_read = source.read
+
+
+def logged(field, rows):
+    asked.extend(np.asarray(rows).ravel().tolist())
+    return _read(field, rows)
+
+
+source.read = logged
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+sharding = NamedSharding(mesh, P(("model", "data")))
+rows = book.data.epoch_order(source.num_examples, seed, 1)[:64]
+batch = book.data.Batch(source, "x", rows)
+out = READER(batch, sharding)
+want = np.asarray(source.fields["x"])[rows]
+held = sharding.addressable_devices_indices_map(batch.shape).values()
+result = {
+    "asked": asked,
+    "mine": sorted(int(r) for index in held for r in rows[index[0]]),
+    "type": type(out).__name__,
+}
+if isinstance(out, jax.Array) and out.shape == batch.shape:
+    result["same_sharding"] = out.sharding.is_equivalent_to(sharding, out.ndim)
+    result["spec"] = str(out.sharding.spec)
+    result["shards_ok"] = all(
+        np.array_equal(np.asarray(s.data), want[s.index]) for s in out.addressable_shards
+    )
+    gathered = multihost_utils.process_allgather(out, tiled=True)
+    result["values_ok"] = bool(np.array_equal(gathered, want))
+print("RESULT " + json.dumps(result))
+jax.distributed.shutdown()
+"""
+
+
+@_checker
+def ch11_own_rows(build):
+    """Exercise 11.2: a global batch split ``P(('model', 'data'))``, each process reading its rows.
+
+    On the 4x2 mesh over 2 processes, that spec gives each process two separate blocks of the
+    batch, so the one-block recipe of the chapter does not apply. The check: the right values
+    on every device, the given sharding, and each process read exactly the rows its own devices
+    hold, each once.
+    """
+    import tempfile
+
+    text, name = _function_text(build, "build")
+    _answered(text, "build returns nothing yet; return the batch as a jax.Array")
+    with tempfile.TemporaryDirectory(prefix="book-exercise-") as folder:
+        _fresh_source(folder, 256, 4, seed=1101)
+        results = _in_processes(text, name, "build", _ROWS_DRIVER, args=[folder, 7])
+    for i, r in enumerate(results):
+        _need(r["type"] != "NoneType", "build returns nothing yet; return the batch.")
+        _need(
+            "values_ok" in r,
+            f"In process {i}, build returned a {r['type']}; return a jax.Array of the "
+            "batch's global shape (64, 4).",
+        )
+        _need(
+            r["same_sharding"],
+            f"The batch comes out as {r['spec']}; build it with the sharding you were given, "
+            "P(('model', 'data')).",
+        )
+        _need(
+            r["shards_ok"] and r["values_ok"],
+            f"Some devices of process {i} do not hold the rows of their index; let each "
+            "device's piece come from the rows its index selects.",
+        )
+        asked, mine = r["asked"], set(r["mine"])
+        others = [row for row in asked if row not in mine]
+        _need(
+            not others,
+            f"Process {i} read {len(asked)} rows, {len(set(others))} of them held only by "
+            "the other process's devices; read just the rows of this process's devices.",
+        )
+        _need(
+            len(asked) == len(mine),
+            f"Process {i} read {len(asked)} rows for the {len(mine)} its devices hold; read "
+            "each of them once.",
+        )
+    return (
+        "each process read only the 32 rows its devices hold, in two separate blocks, and the "
+        "global batch has the right rows on every device."
+    )
+
+
 # Chapter 12 ------------------------------------------------------------------------------
 
 

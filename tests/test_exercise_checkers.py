@@ -231,3 +231,148 @@ def test_ch12_dp_tp_bytes():
     rejected(exercises.ch12_dp_tp_bytes(full_batch), "half the batch")
     rejected(exercises.ch12_dp_tp_bytes(50000), "count two all-reduces")
     rejected(exercises.ch12_dp_tp_bytes(None), "Not answered yet")
+
+
+def read_once(batch, sharding):
+    index_map = sharding.addressable_devices_indices_map(batch.shape)
+    pieces, read = [], {}
+    for device, index in index_map.items():
+        key = index[0].indices(batch.shape[0])
+        if key not in read:
+            read[key] = batch.read(index)
+        pieces.append(jax.device_put(read[key], device))
+    return jax.make_array_from_single_device_arrays(batch.shape, sharding, pieces)
+
+
+def test_ch10_read_once():
+    def by_callback(batch, sharding):
+        return jax.make_array_from_callback(batch.shape, sharding, batch.read)
+
+    def whole(batch, sharding):
+        return jax.device_put(batch.read(), sharding)
+
+    def swapped(batch, sharding):
+        index_map = sharding.addressable_devices_indices_map(batch.shape)
+        pieces = [batch.read(index) for index in index_map.values()]
+        pieces = pieces[2:] + pieces[:2]
+        placed = [jax.device_put(p, d) for p, d in zip(pieces, index_map)]
+        return jax.make_array_from_single_device_arrays(batch.shape, sharding, placed)
+
+    assert exercises.ch10_read_once(read_once).ok
+    rejected(exercises.ch10_read_once(by_callback), "each piece was read twice")
+    rejected(exercises.ch10_read_once(whole), "the whole batch")
+    rejected(exercises.ch10_read_once(swapped), "does not hold rows")
+    rejected(exercises.ch10_read_once(lambda batch, sharding: None), "Not answered yet")
+
+
+def padded_epoch(num_examples, global_batch, seed, epoch):
+    import book.data
+
+    order = book.data.epoch_order(num_examples, seed, epoch)
+    steps = -(-num_examples // global_batch)
+    padding = steps * global_batch - num_examples
+    rows = np.concatenate([order, order[:padding]]).reshape(steps, global_batch)
+    mask = (np.arange(steps * global_batch) < num_examples).reshape(steps, global_batch)
+    return rows, mask
+
+
+def test_ch10_padded_epoch():
+    def dropped(num_examples, global_batch, seed, epoch):
+        rows, mask = padded_epoch(num_examples, global_batch, seed, epoch)
+        full = num_examples // global_batch
+        return rows[:full], mask[:full]
+
+    def unmasked(num_examples, global_batch, seed, epoch):
+        rows, mask = padded_epoch(num_examples, global_batch, seed, epoch)
+        return rows, np.ones_like(mask)
+
+    def padded_first(num_examples, global_batch, seed, epoch):
+        rows, mask = padded_epoch(num_examples, global_batch, seed, epoch)
+        return rows[::-1], mask[::-1]
+
+    def same_every_epoch(num_examples, global_batch, seed, epoch):
+        return padded_epoch(num_examples, global_batch, seed, 0)
+
+    assert exercises.ch10_padded_epoch(padded_epoch).ok
+    rejected(exercises.ch10_padded_epoch(dropped), "never seen")
+    rejected(exercises.ch10_padded_epoch(unmasked), "padding trains as real examples")
+    rejected(exercises.ch10_padded_epoch(padded_first), "only the last batch")
+    rejected(exercises.ch10_padded_epoch(same_every_epoch), "same order")
+    rejected(exercises.ch10_padded_epoch(lambda n, b, s, e: None), "Not answered yet")
+
+
+# The chapter 11 checkers copy these functions' source into worker processes, where jax, np,
+# multihost_utils, NamedSharding, P and book are defined; the imports keep this module whole.
+
+
+def column_means(local, mesh):
+    from jax.experimental import multihost_utils
+
+    x = multihost_utils.host_local_array_to_global_array(local, mesh, P("data"))
+    means = jax.jit(lambda x: x.mean(axis=0), out_shardings=NamedSharding(mesh, P()))
+    return means(x)
+
+
+def own_means(local, mesh):
+    return local.mean(axis=0)
+
+
+def left_split(local, mesh):
+    from jax.experimental import multihost_utils
+
+    x = multihost_utils.host_local_array_to_global_array(local, mesh, P("data"))
+    return jax.jit(lambda x: x / 16, out_shardings=NamedSharding(mesh, P("data")))(x)
+
+
+def unanswered(local, mesh):
+    # Build the global array here.
+    return None
+
+
+def test_ch11_column_means():
+    assert exercises.ch11_column_means(column_means).ok
+    rejected(exercises.ch11_column_means(own_means), "its own 8 rows only")
+    rejected(exercises.ch11_column_means(left_split), "cannot read the result")
+    rejected(exercises.ch11_column_means(unanswered), "Not answered yet")
+    rejected(exercises.ch11_column_means(lambda local, mesh: local), "not lambda")
+
+
+def own_rows(batch, sharding):
+    return jax.make_array_from_callback(batch.shape, sharding, batch.read)
+
+
+def one_block(batch, sharding):
+    import book.data
+
+    rows = book.data.process_slice(sharding, batch.shape)
+    return jax.make_array_from_process_local_data(sharding, batch.read((rows,)), batch.shape)
+
+
+def blocks_in_order(batch, sharding):
+    """Also right: this process's blocks, read one by one and passed in the devices' order."""
+    n = batch.shape[0]
+    starts = sorted(
+        {
+            i[0].indices(n)[:2]
+            for i in sharding.addressable_devices_indices_map(batch.shape).values()
+        }
+    )
+    local = np.concatenate([batch.read((slice(*s),)) for s in starts])
+    return jax.make_array_from_process_local_data(sharding, local, batch.shape)
+
+
+def everything(batch, sharding):
+    return jax.device_put(batch.read(), sharding)
+
+
+def not_yet(batch, sharding):
+    """Build the batch here."""
+    pass
+
+
+def test_ch11_own_rows():
+    assert exercises.ch11_own_rows(own_rows).ok
+    rejected(exercises.ch11_own_rows(one_block), "process_slice refuses this layout")
+    assert exercises.ch11_own_rows(blocks_in_order).ok
+    rejected(exercises.ch11_own_rows(everything), "held only by the other process's devices")
+    rejected(exercises.ch11_own_rows(not_yet), "Not answered yet")

@@ -4,6 +4,14 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 
+SCRIPTS = [
+    "multihost_worker.py",
+    "multihost_train.py",
+    "broken_worker.py",
+    "slurm_job.sbatch",
+    "tpu_slice.sh",
+]
+
 
 def page(html, stem):
     return (html / "notebooks" / f"{stem}.html").read_text()
@@ -30,4 +38,8 @@ def test_chapter_11_shows_the_output_of_every_process(built_book):
     assert "peers detected by jax.distributed.initialize()" in text
     assert "FileNotFoundError: process 1 cannot find its shard of the data" in text
     assert "[Gloo]" not in text
-    assert "highlight-bash" in text and "#SBATCH --gpus-per-task=1" in text
+    # Every script is a %%writefile cell on the page; the notice that the file was written is not.
+    for name in SCRIPTS:
+        assert f'<span class="o">%%writefile</span> {name}' in text
+    assert "#SBATCH --gpus-per-task=1" in text
+    assert "Writing multihost_worker.py" not in text and "Overwriting" not in text
