@@ -1,7 +1,8 @@
 """The rendered book in a real browser (Debian's Chromium): no console errors, nothing fetched
 from outside the book, executed outputs present, and forms that answer without a kernel.
 
-A full-page screenshot of every page is saved in _build/screenshots for people to look at.
+A full-page screenshot of every page, and of every form after its choices changed, is saved in
+_build/screenshots for people to look at.
 """
 
 import functools
@@ -29,6 +30,7 @@ CHROMIUM_FLAGS = [
 ]
 if CHROMIUM is None and os.environ.get("CI"):
     raise RuntimeError("CI needs Chromium for the browser tests: apt-get install chromium")
+SHOTS = ROOT / "_build" / "screenshots"
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")
 
 
@@ -83,9 +85,8 @@ def visit(browser, url):
 @pytest.mark.parametrize("stem", pages())
 def test_page_loads_cleanly_and_shows_its_outputs(browser, site, stem):
     page, errors, outside = visit(browser, f"{site}/notebooks/{stem}.html")
-    shots = ROOT / "_build" / "screenshots"
-    shots.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(shots / f"{stem}.png"), full_page=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{stem}.png"), full_page=True)
     assert errors == []
     assert outside == []
     if stem != "intro":
@@ -98,6 +99,7 @@ def test_page_loads_cleanly_and_shows_its_outputs(browser, site, stem):
 @pytest.mark.parametrize("stem", pages())
 def test_forms_answer_without_a_kernel(browser, site, stem):
     page, errors, _ = visit(browser, f"{site}/notebooks/{stem}.html")
+    SHOTS.mkdir(parents=True, exist_ok=True)
     forms = page.locator(".bk-form")
     for k in range(forms.count()):
         form = forms.nth(k)
@@ -113,6 +115,8 @@ def test_forms_answer_without_a_kernel(browser, site, stem):
             other = next(o for o in options if o != select.input_value())
             select.select_option(other)
             assert out.inner_html() != before, f"choosing {other!r} changed nothing"
+        # what a reader sees after changing every choice once, for people to look at
+        form.screenshot(path=str(SHOTS / f"{stem}-form{k + 1}.png"))
     assert errors == []
     page.close()
 
