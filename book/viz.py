@@ -315,3 +315,253 @@ def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
     lines.append("}")
     text = (f"{title}: " if title else "") + " -> ".join(map(str, labels)) + f" -> {labels[0]}"
     return Diagram("\n".join(lines), text, engine="neato")
+
+
+# Collectives: what each device holds before and after, and where every value went.
+
+_EDGE_COLOURS = (
+    "#3c78d8",
+    "#e69138",
+    "#6aa84f",
+    "#cc0000",
+    "#674ea7",
+    "#bf9000",
+    "#45818e",
+    "#a64d79",
+)
+_REDUCTIONS = {"sum": ("Σ", np.sum), "mean": ("mean", np.mean)}
+
+
+def device_blocks(x) -> list[tuple[str, np.ndarray]]:
+    """Each device's block of ``x`` in mesh order, labelled with its device id and mesh position.
+
+    For the output of ``jax.shard_map`` this is exactly what each device's function returned,
+    whether ``out_specs`` concatenates the blocks or promises they are equal.
+    """
+    by_device = {s.device: np.asarray(s.data) for s in x.addressable_shards}
+    mesh = getattr(x.sharding, "mesh", None)
+    if mesh is None or not hasattr(mesh, "devices"):
+        return [(f"device {d.id}", by_device[d]) for d in sorted(by_device, key=lambda d: d.id)]
+    blocks = []
+    for pos, device in np.ndenumerate(np.asarray(mesh.devices)):
+        coord = ", ".join(f"{n}={i}" for n, i in zip(mesh.axis_names, pos))
+        blocks.append((f"device {device.id} ({coord})", by_device[device]))
+    return blocks
+
+
+def _as_blocks(blocks) -> list[tuple[str, np.ndarray]]:
+    """Accept a ``jax.Array``, (label, values) pairs, or bare per-device values."""
+    if hasattr(blocks, "addressable_shards"):
+        return device_blocks(blocks)
+    pairs = []
+    for k, item in enumerate(blocks):
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            pairs.append((item[0], np.asarray(item[1])))
+        else:
+            pairs.append((f"device {k}", np.asarray(item)))
+    return pairs
+
+
+def _inline_text(values: np.ndarray, max_rows: int = 4) -> str:
+    """A block in a few short lines, for diagram nodes."""
+    values = np.asarray(values)
+    if values.ndim == 0:
+        return _fmt(values[()])
+    rows = values.reshape(-1, values.shape[-1]) if values.ndim > 1 else values[None]
+    lines = []
+    for row in rows[:max_rows]:
+        cells = [_fmt(v) for v in row[:MAX_COLS]] + (["…"] if row.size > MAX_COLS else [])
+        lines.append("[" + " ".join(cells) + "]")
+    if rows.shape[0] > max_rows:
+        lines.append(f"⋮ {'×'.join(map(str, values.shape))}")
+    return "\n".join(lines)
+
+
+def before_after_table(
+    before, after, *, title: str | None = None, headers: tuple[str, str] = ("before", "after")
+) -> Rendered:
+    """One row per device: the block it held before a collective and the block it holds after.
+
+    ``before`` and ``after`` are ``jax.Array``s (read with ``device_blocks``) or per-device
+    lists, in the same device order. Each device keeps its colour in both columns.
+    """
+    before, after = _as_blocks(before), _as_blocks(after)
+    if len(before) != len(after):
+        raise ValueError(
+            f"{len(before)} blocks before but {len(after)} after; pass one per device."
+        )
+    head = "".join(f"<div><b>{html.escape(h)}</b></div>" for h in ("device",) + tuple(headers))
+    cells, lines = [head], []
+    for k, ((label, b), (_, a)) in enumerate(zip(before, after)):
+        bg = PALETTE[k % len(PALETTE)]
+        cells.append(
+            f"<div class='bk-dev' style='background:{bg}'><b>{html.escape(label)}</b></div>"
+        )
+        cells.append(f"<div class='bk-dev' style='background:{bg}'>{_block_html(b)}</div>")
+        cells.append(f"<div class='bk-dev'>{_block_html(a)}</div>")
+        lines.append(f"{label}: {_inline_text(b)} -> {_inline_text(a)}".replace("\n", " "))
+    b0, a0 = before[0][1], after[0][1]
+    summary = (
+        f"each device: {headers[0]} {tuple(b0.shape)} {b0.dtype}, "
+        f"{headers[1]} {tuple(a0.shape)} {a0.dtype}"
+    )
+    heading = f"<div><b>{html.escape(title)}</b></div>" if title else ""
+    body = (
+        f"{STYLE}<div class='bk-viz'>{heading}<div class='bk-grid' "
+        f"style='grid-template-columns:repeat(3,max-content)'>{''.join(cells)}</div>"
+        f"<div class='bk-sum'>{html.escape(summary)}</div></div>"
+    )
+    return Rendered(body, "\n".join(([title] if title else []) + lines + [summary]))
+
+
+def trace_moves(before, after) -> tuple[dict[tuple[int, int], list], set[int]]:
+    """Where every output value came from, found by looking it up among the inputs.
+
+    Returns ``{(source, destination): [values]}`` and the destinations holding zeros that no
+    input had (what ``ppermute`` writes where nobody sends). Inputs must hold distinct values.
+    """
+    before, after = _as_blocks(before), _as_blocks(after)
+    home = {}
+    for k, (_, b) in enumerate(before):
+        for v in b.ravel().tolist():
+            if v in home:
+                raise ValueError(
+                    f"The value {v} appears twice among the inputs, so its path cannot be traced; "
+                    "give every input element a distinct value."
+                )
+            home[v] = k
+    moves, zeros = {}, set()
+    for d, (label, a) in enumerate(after):
+        for v in a.ravel().tolist():
+            if v in home:
+                moves.setdefault((home[v], d), []).append(v)
+            elif v == 0:
+                zeros.add(d)
+            else:
+                raise ValueError(
+                    f"{label} holds {v}, which no device held before; for a reduction pass "
+                    "reduce='sum' or reduce='mean'."
+                )
+    return moves, zeros
+
+
+def _reduced_parts(before, after, reduce, groups):
+    """For each device, the group it reduces with and what it keeps of the group's result."""
+    symbol, fn = _REDUCTIONS[reduce]
+    parts = {}
+    for g, members in enumerate(groups):
+        total = fn(np.stack([before[k][1] for k in members]), axis=0)
+        for rank, d in enumerate(members):
+            a = after[d][1]
+            if a.shape == total.shape and np.allclose(a, total):
+                parts[d] = (g, total, "all")
+                continue
+            for dim in range(total.ndim):
+                if total.shape[dim] % len(members):
+                    continue
+                piece = np.split(total, len(members), axis=dim)[rank]
+                if piece.size == a.size and np.allclose(piece.reshape(a.shape), a):
+                    parts[d] = (g, total, f"part {rank} of dim {dim}")
+                    break
+            else:
+                raise ValueError(
+                    f"{after[d][0]} holds {_inline_text(a)!r}, which is neither the {reduce} of "
+                    "its group's inputs nor an even part of it."
+                )
+    return symbol, parts
+
+
+def collective_diagram(
+    before,
+    after,
+    *,
+    reduce: str | None = None,
+    groups=None,
+    title: str | None = None,
+    label_edges: bool | None = None,
+) -> Diagram:
+    """Where the data of a collective went: inputs on the left, outputs on the right.
+
+    Without ``reduce`` every output value is traced back to the input that held it (see
+    ``trace_moves``), and each arrow carries the values it moved, coloured by the sender. With
+    ``reduce="sum"`` or ``"mean"`` the inputs meet in one node per group (``groups``: lists of
+    device positions reduced together; default all) and each arrow out says what its device
+    kept, checked against the actual values.
+    """
+    before, after = _as_blocks(before), _as_blocks(after)
+    n = len(before)
+    groups = [list(range(n))] if groups is None else [list(g) for g in groups]
+    if reduce is not None:
+        if reduce not in _REDUCTIONS:
+            raise ValueError(f"reduce must be one of {', '.join(_REDUCTIONS)}, not {reduce!r}.")
+        symbol, parts = _reduced_parts(before, after, reduce, groups)
+    labels_b = [label + "\n" + _inline_text(v) for label, v in before]
+    labels_a = [label + "\n" + _inline_text(v) for label, v in after]
+    if reduce is not None:
+        labels_a = [
+            t + ("" if parts[d][2] == "all" else f"\n({parts[d][2]})")
+            for d, t in enumerate(labels_a)
+        ]
+        hubs = [symbol + "\n" + _inline_text(parts[g[0]][1]) for g in groups]
+    else:
+        hubs = []
+
+    def wide(texts):
+        return max((len(line) for t in texts for line in t.splitlines()), default=0) * 6.2 + 16
+
+    rows = max(len(t.splitlines()) for t in labels_b + labels_a + hubs)
+    step_y = max(48, 13 * rows + 22)
+    wb, wa = wide(labels_b), wide(labels_a)
+    if reduce is not None:
+        x_hub = wb / 2 + 70 + wide(hubs) / 2
+        x_after = x_hub + wide(hubs) / 2 + 70 + wa / 2
+    else:
+        x_after = wb / 2 + 200 + wa / 2
+    lines = [
+        "digraph collective {",
+        _GRAPH_STYLE,
+        'node [fontsize=10]; edge [fontname="Helvetica" fontsize=9 arrowsize=0.6];',
+    ]
+    for k, text in enumerate(labels_b):
+        fill = PALETTE[k % len(PALETTE)]
+        lines.append(f'b{k} [label={_quote(text)} fillcolor="{fill}" pos="0,{-k * step_y}"];')
+    for k, text in enumerate(labels_a):
+        lines.append(
+            f'a{k} [label={_quote(text)} fillcolor="white" pos="{x_after:.0f},{-k * step_y}"];'
+        )
+    for name, x in (("before", 0), ("after", x_after)):
+        lines.append(
+            f'h_{name} [shape=plaintext style="" label="{name}" fontsize=12 '
+            f'pos="{x:.0f},{step_y * 0.8:.0f}"];'
+        )
+    text = [title] if title else []
+    if reduce is None:
+        moves, zeros = trace_moves(before, after)
+        show = label_edges if label_edges is not None else len(moves) <= 2 * n
+        for (s, d), values in sorted(moves.items()):
+            colour = _EDGE_COLOURS[s % len(_EDGE_COLOURS)]
+            moved = " ".join(_fmt(v) for v in values[:6]) + (" …" if len(values) > 6 else "")
+            label = f" label={_quote(moved)}" if show else ""
+            lines.append(f'b{s} -> a{d} [color="{colour}" fontcolor="{colour}"{label}];')
+            text.append(f"{before[s][0]} -> {after[d][0]}: {moved}")
+        for d in sorted(zeros):
+            text.append(f"{after[d][0]}: zeros, nobody sent to it")
+    else:
+        for g, members in enumerate(groups):
+            centre = -sum(members) * step_y / len(members)
+            lines.append(
+                f'r{g} [label={_quote(hubs[g])} fillcolor="#eeeeee" '
+                f'pos="{x_hub:.0f},{centre:.0f}"];'
+            )
+            for s in members:
+                colour = _EDGE_COLOURS[s % len(_EDGE_COLOURS)]
+                lines.append(f'b{s} -> r{g} [color="{colour}"];')
+            names = ", ".join(before[s][0] for s in members)
+            text.append(f"{symbol} of {names} = " + hubs[g].split("\n", 1)[1].replace("\n", " "))
+        for d in range(n):
+            lines.append(f"r{parts[d][0]} -> a{d};")
+            text.append(f"{after[d][0]} keeps {parts[d][2]}: {_inline_text(after[d][1])}")
+    if title:
+        lines.append(f"label={_quote(title)}; labelloc=t;")
+    lines.append("}")
+    return Diagram("\n".join(lines), "\n".join(text), engine="neato")
