@@ -10,7 +10,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from book import exercises
+from book import exercises, models
 
 
 def rejected(verdict, words):
@@ -168,6 +168,184 @@ def test_ch04_small_operand():
     rejected(exercises.ch04_small_operand(lambda a, v: a @ jax.reshard(v, P())), "moves v")
     rejected(exercises.ch04_small_operand(lambda a, v: a @ v), "JAX cannot decide")
     rejected(exercises.ch04_small_operand(None), "Not answered yet")
+
+
+# Chapters 07 to 09 -----------------------------------------------------------------------
+
+
+def data_mesh():
+    return jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+
+
+def model_mesh():
+    return jax.make_mesh((8,), ("model",), axis_types=(AxisType.Explicit,))
+
+
+def example_losses(params, x, y):
+    log_probs = jax.nn.log_softmax(models.forward(params, x), axis=-1)
+    return -jnp.take_along_axis(log_probs, y[:, None], axis=-1)[:, 0]
+
+
+def sum_dp(pcast=True, collective="psum", divide_by="batch", whole_batch=False):
+    """The DP gradients of a summed loss, written right or with one of the usual mistakes."""
+
+    def local(params, x, y):
+        if pcast:
+            params = jax.lax.pcast(params, "data", to="varying")
+        total, grads = jax.value_and_grad(lambda p: example_losses(p, x, y).sum())(params)
+        reduce = getattr(jax.lax, collective)
+        n = {"batch": x.shape[0] * jax.lax.axis_size("data"), "local": x.shape[0], "no": 1}
+        return jax.tree.map(lambda t: reduce(t, "data") / n[divide_by], (total, grads))
+
+    batch = P() if whole_batch else P("data")
+    specs = (P(), batch, batch)
+    return jax.shard_map(local, mesh=data_mesh(), in_specs=specs, out_specs=(P(), P()))
+
+
+def test_ch07_sum_dp():
+    assert exercises.ch07_sum_dp(sum_dp()).ok
+    assert exercises.ch07_sum_dp(sum_dp(collective="pmean", divide_by="local")).ok
+    rejected(exercises.ch07_sum_dp(sum_dp(collective="pmean", divide_by="no")), "pmean divides")
+    rejected(exercises.ch07_sum_dp(sum_dp(collective="pmean")), "already divided")
+    rejected(exercises.ch07_sum_dp(sum_dp(divide_by="no")), "divide it by the global batch")
+    rejected(exercises.ch07_sum_dp(sum_dp(divide_by="local")), "one device's 12 examples")
+    rejected(exercises.ch07_sum_dp(sum_dp(pcast=False)), "without pcast")
+    rejected(exercises.ch07_sum_dp(sum_dp(whole_batch=True)), "in_specs say P(None, None)")
+    rejected(exercises.ch07_sum_dp(lambda params, x, y: None), "Not answered yet")
+
+
+def masked_dp(mean_of_means=False):
+    def local(params, x, y, mask):
+        params = jax.lax.pcast(params, "data", to="varying")
+        if mean_of_means:
+            loss_fn = lambda p: (example_losses(p, x, y) * mask).sum() / mask.sum()  # noqa: E731
+            loss, grads = jax.value_and_grad(loss_fn)(params)
+            return jax.lax.pmean((loss, grads), "data")
+        total, grads = jax.value_and_grad(lambda p: (example_losses(p, x, y) * mask).sum())(params)
+        count = jax.lax.psum(mask.sum(), "data")
+        return jax.tree.map(lambda t: jax.lax.psum(t, "data") / count, (total, grads))
+
+    specs = (P(), P("data"), P("data"), P("data"))
+    return jax.shard_map(local, mesh=data_mesh(), in_specs=specs, out_specs=(P(), P()))
+
+
+def test_ch07_masked_mean():
+    assert exercises.ch07_masked_mean(masked_dp()).ok
+    rejected(exercises.ch07_masked_mean(masked_dp(mean_of_means=True)), "mean of the 8 devices'")
+    rejected(exercises.ch07_masked_mean(sum_dp()), "Your code raised")
+    rejected(exercises.ch07_masked_mean(lambda params, x, y, mask: None), "Not answered yet")
+
+
+def fsdp(specs, gather_axis=-1, divide=True, all_reduce=False, gather_all=False):
+    """An FSDP gradient step for parameters split as ``specs``, right or with a mistake."""
+
+    def whole(shards):
+        return {
+            k: jax.lax.all_gather(s, "data", axis=gather_axis % s.ndim, tiled=True)
+            if gather_all or specs[k] != P()
+            else s
+            for k, s in shards.items()
+        }
+
+    def local(shards, x, y):
+        if all_reduce:  # gather first, differentiate the whole weights, cut the sum down
+            full = {
+                k: v if specs[k] != P() else jax.lax.pcast(v, "data", to="varying")
+                for k, v in whole(shards).items()
+            }
+            loss, grads = jax.value_and_grad(models.loss)(full, x, y)
+            grads = jax.lax.pmean(grads, "data")
+            me = jax.lax.axis_index("data")
+            for k, s in shards.items():
+                if specs[k] != P():
+                    dim = specs[k].index("data")
+                    size = s.shape[dim]
+                    grads[k] = jax.lax.dynamic_slice_in_dim(grads[k], me * size, size, dim)
+            return jax.lax.pmean(loss, "data"), grads
+        loss, grads = jax.value_and_grad(lambda s: models.loss(whole(s), x, y))(shards)
+        if divide:
+            grads = jax.tree.map(lambda g: g / jax.lax.axis_size("data"), grads)
+        return jax.lax.pmean(loss, "data"), grads
+
+    specs_in = (specs, P("data"), P("data"))
+    return jax.shard_map(local, mesh=data_mesh(), in_specs=specs_in, out_specs=(P(), specs))
+
+
+COLUMNS = {"w1": P(None, "data"), "b1": P("data"), "w2": P(None, "data"), "b2": P("data")}
+MIXED = {"w1": P("data"), "b1": P(), "w2": P("data"), "b2": P()}
+
+
+def test_ch08_fsdp_columns():
+    assert exercises.ch08_fsdp_columns(fsdp(COLUMNS)).ok
+    rejected(exercises.ch08_fsdp_columns(fsdp(COLUMNS, divide=False)), "divide them by")
+    rejected(exercises.ch08_fsdp_columns(fsdp(COLUMNS, gather_axis=0)), "wrong shape")
+    rejected(exercises.ch08_fsdp_columns(fsdp(COLUMNS, all_reduce=True)), "all-reduces")
+    rejected(exercises.ch08_fsdp_columns(fsdp(MIXED)), "must be the inputs' own specs")
+    rejected(exercises.ch08_fsdp_columns(lambda s, x, y: None), "Not answered yet")
+
+
+def test_ch08_replicated_biases():
+    assert exercises.ch08_replicated_biases(fsdp(MIXED, gather_axis=0)).ok
+    rejected(exercises.ch08_replicated_biases(fsdp(MIXED, gather_axis=0, divide=False)), "8 times")
+    gathers_biases = fsdp(MIXED, gather_axis=0, gather_all=True)
+    rejected(exercises.ch08_replicated_biases(gathers_biases), "leave a replicated one")
+    all_sharded = {k: P("data") for k in MIXED}
+    rejected(exercises.ch08_replicated_biases(fsdp(all_sharded, gather_axis=0)), "own specs")
+    wasteful = fsdp(MIXED, gather_axis=0, all_reduce=True)
+    rejected(exercises.ch08_replicated_biases(wasteful), "all-reduces")
+
+
+def two_layers(scatter=True, relu_first=False):
+    def layer(partial):
+        if scatter:
+            return jax.lax.psum_scatter(partial, "model", scatter_dimension=1, tiled=True)
+        whole = jax.lax.psum(partial, "model")
+        size = whole.shape[1] // jax.lax.axis_size("model")
+        return jax.lax.dynamic_slice_in_dim(whole, jax.lax.axis_index("model") * size, size, 1)
+
+    def local(x, w1, w2):
+        h = layer(jax.nn.relu(x @ w1)) if relu_first else jax.nn.relu(layer(x @ w1))
+        return layer(h @ w2)
+
+    specs = (P(None, "model"), P("model", None), P("model", None))
+    return jax.shard_map(local, mesh=model_mesh(), in_specs=specs, out_specs=P(None, "model"))
+
+
+def test_ch09_two_layers():
+    assert exercises.ch09_two_layers(two_layers()).ok
+    rejected(exercises.ch09_two_layers(two_layers(scatter=False)), "all-reduces")
+    rejected(exercises.ch09_two_layers(two_layers(relu_first=True)), "partial sums")
+    rejected(exercises.ch09_two_layers(lambda x, w1, w2: None), "Not answered yet")
+
+
+MEGATRON = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None), "b2": P()}
+
+
+def tp_block(mistake=None):
+    def local(p, x):
+        h = jax.nn.relu(x @ p["w1"] + p["b1"])
+        if mistake == "b2 inside":
+            return x + jax.lax.psum(h @ p["w2"] + p["b2"], "model")
+        if mistake == "gathers":
+            h = jax.lax.all_gather(h, "model", axis=1, tiled=True)
+            return x + h @ jax.lax.all_gather(p["w2"], "model", tiled=True) + p["b2"]
+        return x + jax.lax.psum(h @ p["w2"], "model") + p["b2"]
+
+    return jax.shard_map(
+        local,
+        mesh=model_mesh(),
+        in_specs=(MEGATRON, P()),
+        out_specs=P(),
+        check_vma=mistake not in ("gathers", "no vma"),
+    )
+
+
+def test_ch09_megatron_block():
+    assert exercises.ch09_megatron_block(tp_block()).ok
+    rejected(exercises.ch09_megatron_block(tp_block("b2 inside")), "counts 8 times")
+    rejected(exercises.ch09_megatron_block(tp_block("gathers")), "hidden activation leaves")
+    rejected(exercises.ch09_megatron_block(tp_block("no vma")), "sums to be safe")
+    rejected(exercises.ch09_megatron_block(lambda p, x: None), "Not answered yet")
 
 
 def test_ch12_intensity_formula_is_what_xla_counts_on_cpu():
