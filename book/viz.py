@@ -190,10 +190,11 @@ def _block_text(values: np.ndarray) -> str:
         return np.array2string(values)
 
 
-def shard_table(x, *, show_ids: bool = True, title: str | None = None) -> Rendered:
+def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str = "x") -> Rendered:
     """Every device's shard of ``x``: its device id, mesh position, index and actual values.
 
     Devices holding the same slice share a colour, so replication is visible at a glance.
+    ``name`` labels each index (``w1[0:2, :]``), so tables of several arrays tell them apart.
     """
     grid, names, mesh_shape = _device_grid(x)
     by_device = {s.device: s for s in x.addressable_shards}
@@ -209,14 +210,15 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None) -> Render
                 continue
             values = np.asarray(shard.data)
             where = _slice_text(shard.index, x.shape)
+            label_html = html.escape(name + where)
             head = f"<b>device {device.id}</b>" if show_ids else "<b>device</b>"
             bg = colour[_index_key(shard.index, x.shape)]
             cells.append(
                 f"<div class='bk-dev' style='background:{bg}'>{head} "
-                f"<span class='bk-idx'>x{html.escape(where)}</span>{_block_html(values)}</div>"
+                f"<span class='bk-idx'>{label_html}</span>{_block_html(values)}</div>"
             )
             label = f"device {device.id}" if show_ids else "device"
-            lines.append(f"{label} x{where}:\n{_block_text(values)}")
+            lines.append(f"{label} {name}{where}:\n{_block_text(values)}")
     s = summarize(x)
     mesh_note = ""
     if mesh_shape is not None:

@@ -60,6 +60,14 @@ def test_hiding_device_ids():
     assert "device 3" not in viz.shard_table(x, show_ids=False).text
 
 
+def test_the_table_names_the_array():
+    x = put(np.arange(8), mesh((8,), ("data",)), P("data"))
+    table = viz.shard_table(x, name="w1")
+    assert "device 3 w1[3:4]:" in table.text
+    assert "<span class='bk-idx'>w1[3:4]</span>" in table.html
+    assert " x[" not in table.text
+
+
 def test_large_shards_are_trimmed():
     x = put(np.arange(64 * 64).reshape(64, 64), mesh((2, 4), ("data", "model")), P())
     assert "…" in viz.shard_table(x).html
