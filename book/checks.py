@@ -9,10 +9,22 @@ its own magnitude, and a wrong block (a misplaced index, a missing step) fails l
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-# float32 rounding is 6e-8 per operation; sums of a few thousand terms stay well below this.
-RTOL = 1e-5
+RTOL = 1e-5  # the least tolerance, for short sums
+_EPS32 = float(np.finfo(np.float32).eps)
+
+
+def tolerance(k: int) -> float:
+    """The error allowed for sums of ``k`` float32 products, relative to ``|A| @ |B|``.
+
+    Rounding errors of a sum grow about like ``sqrt(k)`` unit roundoffs whatever the order of
+    the additions; 16 of them leave room for any blocking, and a misplaced block of ``A`` or
+    ``B`` is still off by a large fraction of the scale.
+    """
+    return max(RTOL, 16 * _EPS32 * math.sqrt(k))
 
 
 def product_error(result, a, b) -> np.ndarray:
@@ -27,13 +39,15 @@ def product_error(result, a, b) -> np.ndarray:
     return np.abs(got - a64 @ b64) / np.maximum(scale, np.finfo(np.float64).tiny)
 
 
-def assert_product(result, a, b, *, row_blocks: int = 1, rtol: float = RTOL) -> float:
+def assert_product(result, a, b, *, row_blocks: int = 1, rtol: float | None = None) -> float:
     """Assert that ``result`` equals ``a @ b`` to float32 accuracy; return the largest error.
 
     ``row_blocks`` is the number of row blocks the result is split into (one per device when
-    it is sharded by rows), so a failure can say which device's rows are wrong.
+    it is sharded by rows), so a failure can say which device's rows are wrong. ``rtol``
+    defaults to ``tolerance(K)``.
     """
     error = product_error(result, a, b)
+    rtol = tolerance(np.shape(a)[1]) if rtol is None else rtol
     bad = error > rtol
     if bad.any():
         rows = np.flatnonzero(bad.any(axis=1))
