@@ -32,15 +32,28 @@ _POLL_SECONDS = 0.02
 # first asks the kernel to kill the worker when the process that launched it dies
 # (PR_SET_PDEATHSIG), so even a kernel killed outright, where no Python cleanup runs, leaves no
 # worker behind. And a worker that raises exits at once: a normal exit would first wait in
-# jax.distributed's shutdown barrier for peers that are themselves waiting for it.
+# jax.distributed's shutdown barrier for peers that are themselves waiting for it. Native code
+# writes to stdout too: Gloo announces every connection it makes there, from several threads at
+# once, their words interleaved mid-line. So the shim points file descriptor 1, where native code
+# writes, at a log of its own, and gives Python's sys.stdout the worker's output file.
 _SHIM = """\
-import os, runpy, signal, sys, traceback
+import io, os, runpy, signal, sys, traceback
 if sys.platform.startswith("linux"):
     import ctypes
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-parent, script, *args = sys.argv[1:]
+parent, native, script, *args = sys.argv[1:]
 if os.getppid() != int(parent):
     sys.exit("launch: the launching process is gone")
+python_out = os.dup(1)
+log = os.open(native, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+os.dup2(log, 1)
+os.close(log)
+sys.stdout = io.TextIOWrapper(
+    open(python_out, "wb", buffering=0),
+    encoding="utf-8",
+    errors="backslashreplace",
+    write_through=True,
+)
 sys.argv = [script, *args]
 sys.path[0] = os.path.dirname(script)
 try:
@@ -82,10 +95,10 @@ class WorkerError(ReaderError, RuntimeError):
 
 
 class Outputs(list):
-    """What each worker printed to stdout, in process order: a list of strings.
+    """What each worker's Python code printed to stdout, in process order: a list of strings.
 
     In a notebook it shows as one column per process, so a page shows every process's output
-    side by side.
+    side by side; long lines wrap inside their column rather than being cut off.
     """
 
     def __init__(self, texts: Sequence[str], script: str = ""):
@@ -106,8 +119,8 @@ class Outputs(list):
                 '<div style="min-width:0">'
                 f'<div style="font-weight:bold;margin-bottom:2px">process {i}</div>'
                 '<pre style="margin:0;padding:4px 6px;border:1px solid #bbb;'
-                "border-radius:4px;font-size:11px;line-height:1.35;overflow-x:auto;"
-                f'white-space:pre">{body}</pre></div>'
+                "border-radius:4px;font-size:11px;line-height:1.35;"
+                f'white-space:pre-wrap;overflow-wrap:anywhere">{body}</pre></div>'
             )
         grid = (
             f'<div style="display:grid;grid-template-columns:repeat({len(self)},'
@@ -175,8 +188,9 @@ def _check_arguments(script, num_processes, devices_per_process, timeout) -> Pat
     return path
 
 
-def _command(path: Path, args: Sequence) -> list[str]:
-    return [sys.executable, "-c", _SHIM, str(os.getpid()), str(path), *map(str, args)]
+def _command(path: Path, args: Sequence, native: Path) -> list[str]:
+    """The worker's command line: the shim, then the script; ``native`` logs native stdout."""
+    return [sys.executable, "-c", _SHIM, str(os.getpid()), str(native), str(path), *map(str, args)]
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -195,7 +209,8 @@ def _kill(procs: list[subprocess.Popen]) -> None:
         proc.wait()
 
 
-# Gloo announces every connection it makes on stdout; that is noise beside a worker's output.
+# Gloo's connection notices are noise beside a worker's output. The shim sends native stdout,
+# where Gloo writes them, to a log of its own; a notice that still reaches a log whole goes here.
 _GLOO_NOTICE = re.compile(
     r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
     r"Expected number of connected peer ranks is : \d+\n?"
@@ -237,7 +252,10 @@ def launch(
     *,
     env: EnvChoice = None,
 ) -> Outputs:
-    """Run ``script`` as ``num_processes`` JAX processes with CPU devices; return their stdout.
+    """Run ``script`` as ``num_processes`` JAX processes with CPU devices; return their output.
+
+    The output of a worker is what its Python code printed to stdout; what native code writes
+    to stdout (Gloo's connection notices) is left out.
 
     Each worker gets ``devices_per_process`` CPU devices, gloo collectives and a coordinator on
     a free local port, and finds ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
@@ -266,7 +284,7 @@ def launch(
                 with open(folder / f"{i}.out", "wb") as out, open(folder / f"{i}.err", "wb") as err:
                     procs.append(
                         subprocess.Popen(
-                            _command(path, args),
+                            _command(path, args, folder / f"{i}.native"),
                             stdin=subprocess.DEVNULL,
                             stdout=out,
                             stderr=err,

@@ -306,6 +306,28 @@ def test_gloo_notices_are_left_out(tmp_path):
     assert book.multihost._read(path) == "one\ntwo\n"
 
 
+def test_native_stdout_stays_out_of_the_output(tmp_path):
+    """Native code writes to file descriptor 1 (Gloo, from several threads at once); Python's
+    print is what the output holds, however the two interleave."""
+    script = tmp_path / "native.py"
+    script.write_text(
+        "import os\n"
+        "print('before')\n"
+        "os.write(1, b'[Gloo] Rank 2 is connected to 7 peer ranks. [Gloo] Rank ')\n"
+        "print('a long line', end='')\n"
+        "print(' ends here')\n"
+        "os.write(1, b'1 is connected to 7 peer ranks.\\n')\n"
+    )
+    outputs = launch(script, num_processes=2, timeout=30)
+    assert outputs == ["before\na long line ends here\n"] * 2
+    assert_nothing_left(tmp_path)
+
+
+def test_long_lines_wrap_in_their_column():
+    html = Outputs(["x" * 500])._repr_html_()
+    assert "white-space:pre-wrap" in html and "overflow-wrap:anywhere" in html
+
+
 def test_free_ports_differ_and_bind():
     import socket
 
