@@ -122,3 +122,23 @@ def test_tpu_slice_copies_the_worker_and_runs_it_on_every_host():
     run = steps[3]
     assert "--worker=all" in run and f"--command=python3 {WORKER}" in run
     assert all("--worker=all" in c for c in steps if c[4] in ("ssh", "scp"))
+
+
+def test_tpu_slice_is_the_one_the_chapter_describes():
+    """A v4-32 slice: 16 chips on 4 hosts of 4, so the chapter's 4 processes and 16 devices.
+    Its default type, runtime and zone go together, and the prose names the same slice."""
+    text = written_files()["tpu_slice.sh"]
+    defaults = dict(re.findall(r'^(\w+)="\$\{\w+:-([^}]+)\}"$', text, re.M))
+    assert defaults["ACCELERATOR_TYPE"] == "v4-32"
+    assert defaults["RUNTIME_VERSION"] == "tpu-ubuntu2204-base"
+    assert defaults["ZONE"] == "us-central2-b"  # where Cloud TPU v4 is offered
+    create = [
+        c for c in commands(text) if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"]
+    ]
+    assert "--accelerator-type=$ACCELERATOR_TYPE" in create[0]
+    assert "--version=$RUNTIME_VERSION" in create[0]
+    assert "4 hosts of 4 chips: 4 JAX processes, 16 devices" in text
+    nb = json.loads(CHAPTER.read_text())
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "`v4-32`" in prose and "report `process_count: 4`" in prose
+    assert "v5litepod" not in prose + text
