@@ -1,9 +1,9 @@
 """The four training strategies of Part III as compiled programs, for the strategy form.
 
-Chapters 07 to 09 write data parallelism (DP), fully sharded data parallelism (FSDP), tensor
+Chapters 7 to 9 write data parallelism (DP), fully sharded data parallelism (FSDP), tensor
 parallelism (TP, the column-then-row layout) and their 2D combination (DP x TP) out in their
 cells, because there they are the lesson. The strategy form needs the same four steps for any
-mesh without a notebook, so this module holds them, and chapter 09 checks that they compile to
+mesh without a notebook, so this module holds them, and chapter 9 checks that they compile to
 the same communication as the chapter's own. Each is one SGD step of ``book.models`` written
 with ``jax.shard_map``; ``analyze`` compiles one and reads its collectives and memory.
 """
@@ -137,7 +137,8 @@ class Analysis:
 
 
 # Compile options for programs that are inspected and never run: the machine-code
-# optimisations change neither the collectives nor the buffers, and cost most of the time.
+# optimisations cost most of the time and, as chapter 8 checks on CPU, change neither the
+# collectives nor the buffers.
 INSPECT_ONLY = {"xla_backend_optimization_level": 0}
 
 
