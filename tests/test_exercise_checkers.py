@@ -554,3 +554,164 @@ def test_ch11_own_rows():
     assert exercises.ch11_own_rows(blocks_in_order).ok
     rejected(exercises.ch11_own_rows(everything), "held only by the other process's devices")
     rejected(exercises.ch11_own_rows(not_yet), "Not answered yet")
+
+
+# Chapters 05 and 06: the reader's functions see the chapters' mesh, n, to_left and to_right.
+
+n = 8
+to_left = [(j, (j - 1) % n) for j in range(n)]
+to_right = [(j, (j + 1) % n) for j in range(n)]
+
+
+def on_i(fn, out_specs=None, check_vma=True):
+    """``fn`` mapped over chapter 05's mesh, blocks split over 'i', joined as ``out_specs``."""
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(AxisType.Explicit,))
+    out_specs = P("i") if out_specs is None else out_specs
+    return jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=out_specs, check_vma=check_vma)
+
+
+def ring_sum(steps=n - 1, perm=to_right):
+    def local(block):
+        acc, travelling = block, block
+        for _ in range(steps):
+            travelling = jax.lax.ppermute(travelling, "i", perm)
+            acc = acc + travelling
+        return acc
+
+    return on_i(local)
+
+
+def doubling(block):
+    """Recursive doubling: 3 steps of ppermute, also an all-reduce from ppermute alone."""
+    for s in (1, 2, 4):
+        block = block + jax.lax.ppermute(block, "i", [(j, (j + s) % n) for j in range(n)])
+    return block
+
+
+def test_ch05_ring_sum():
+    right = exercises.ch05_ring_sum(ring_sum())
+    assert right.ok and "7 collective-permutes" in right.message, right.message
+    assert exercises.ch05_ring_sum(on_i(doubling)).ok
+    rejected(exercises.ch05_ring_sum(on_i(lambda b: jax.lax.psum(b, "i"))), "all-reduce")
+    gathered = on_i(lambda b: jax.lax.all_gather(b, "i").sum(axis=0))
+    rejected(exercises.ch05_ring_sum(gathered), "all-gather")
+    rejected(exercises.ch05_ring_sum(ring_sum(steps=n - 2)), "never adds the block of position")
+    rejected(exercises.ch05_ring_sum(ring_sum(steps=n)), "adds its own block twice")
+    shift = [(j, j + 1) for j in range(n - 1)]
+    rejected(exercises.ch05_ring_sum(ring_sum(perm=shift)), "close the ring")
+    rejected(exercises.ch05_ring_sum(on_i(lambda b: b)), "only its own block")
+    rejected(exercises.ch05_ring_sum(on_i(lambda b: None)), "Not answered yet")
+
+
+def test_ch05_predict_all_to_all():
+    ids = np.array([d.id for d in jax.make_mesh((8,), ("i",)).devices.flat])
+    rows_np = 100 + 10 * ids[:, None] + np.arange(8)
+    right = exercises.ch05_predict_all_to_all((8, 1), rows_np[:, 3:4])
+    assert right.ok and "103, 113" in right.message, right.message
+    assert exercises.ch05_predict_all_to_all([8, 1], list(rows_np[:, 3])).ok
+    rejected(exercises.ch05_predict_all_to_all((1, 8), rows_np[:, 3]), "concat_axis=1")
+    rejected(exercises.ch05_predict_all_to_all((8,), rows_np[:, 3]), "joins them along")
+    rejected(exercises.ch05_predict_all_to_all((8, 1), rows_np[3]), "starts with")
+    rejected(exercises.ch05_predict_all_to_all((8, 1), rows_np[:, 3][::-1]), "order of the")
+    rejected(exercises.ch05_predict_all_to_all(None, None), "Not answered yet")
+
+
+def from_position(k=5, mask=True):
+    def local(block):
+        mine = jax.lax.axis_index("i") == k
+        return jax.lax.psum(jnp.where(mine, block, 0) if mask else block, "i")
+
+    return local
+
+
+def test_ch05_from_five():
+    right = exercises.ch05_from_five(on_i(from_position(), P()))
+    assert right.ok and "one all-reduce" in right.message, right.message
+    rejected(exercises.ch05_from_five(on_i(from_position(mask=False), P())), "sum of all 8")
+    rejected(exercises.ch05_from_five(on_i(from_position(4), P())), "position 4, not 5")
+    rejected(exercises.ch05_from_five(on_i(from_position(), P("i"))), "out_specs=P()")
+
+    def gathered(block):
+        return jax.lax.all_gather(block, "i", to="invarying")[5]
+
+    rejected(exercises.ch05_from_five(on_i(gathered, P())), "all-gathers")
+
+    def relayed(block):  # position 5's block, passed on one hop at a time
+        held = block
+        for _ in range(n - 1):
+            passed = jax.lax.ppermute(held, "i", to_right)
+            held = jnp.where(jax.lax.axis_index("i") == 5, block, passed)
+        return held
+
+    rejected(exercises.ch05_from_five(on_i(relayed, P(), check_vma=False)), "ppermute")
+    unshared = on_i(lambda b: jnp.where(jax.lax.axis_index("i") == 5, b, 0), P())
+    rejected(exercises.ch05_from_five(unshared), "psum or pmean")
+    rejected(exercises.ch05_from_five(on_i(lambda b: None, P())), "Not answered yet")
+
+
+def ring_right(perm=to_right, sign=-1, offset=0, steps=n, gather=False):
+    def matmul(a_blk, b_blk):
+        if gather:
+            return a_blk @ jax.lax.all_gather(b_blk, "x", tiled=True)
+        me = jax.lax.axis_index("x")
+        k = b_blk.shape[0]
+        out = jnp.zeros((a_blk.shape[0], b_blk.shape[1]), a_blk.dtype)
+        for step in range(steps):
+            if step < n - 1:
+                b_next = jax.lax.ppermute(b_blk, "x", perm)
+            j = (me + sign * step + offset) % n
+            out = out + jax.lax.dynamic_slice_in_dim(a_blk, j * k, k, axis=1) @ b_blk
+            if step < n - 1:
+                b_blk = b_next
+        return out
+
+    return matmul
+
+
+def test_ch06_ring_right():
+    right = exercises.ch06_ring_right(ring_right())
+    assert right.ok and "7 collective-permutes" in right.message, right.message
+    rejected(exercises.ch06_ring_right(ring_right(to_left, sign=1)), "travel to the left")
+    rejected(exercises.ch06_ring_right(ring_right(to_left)), "travel to the left")
+    rejected(exercises.ch06_ring_right(ring_right(sign=1)), "device d - s started with")
+    rejected(exercises.ch06_ring_right(ring_right(offset=-1)), "differ from A @ B")
+    rejected(exercises.ch06_ring_right(ring_right(steps=n - 1)), "rows of all 8 devices")
+    rejected(exercises.ch06_ring_right(ring_right(gather=True)), "all-gather")
+    rejected(exercises.ch06_ring_right(lambda a, b: (a[:, :8] @ b).T), "shape (48, 40)")
+    rejected(exercises.ch06_ring_right(lambda a, b: None), "Not answered yet")
+
+
+def both_ways(meet=1, lefts=n // 2, swap=False):
+    """Whole blocks both ways; ``meet`` is how often the block n // 2 away is added."""
+
+    def matmul(a_blk, b_blk):
+        me = jax.lax.axis_index("x")
+        k = b_blk.shape[0]
+
+        def times(j, block):
+            return jax.lax.dynamic_slice_in_dim(a_blk, (j % n) * k, k, axis=1) @ block
+
+        out = times(me, b_blk)
+        left = right = b_blk
+        for step in range(1, lefts + 1):
+            left = jax.lax.ppermute(left, "x", to_left)  # block me + step
+            if step < n // 2 or meet:
+                out = out + times(me - step if swap else me + step, left)
+        for step in range(1, n - lefts + (meet == 2)):
+            right = jax.lax.ppermute(right, "x", to_right)  # block me - step
+            out = out + times(me - step, right)
+        return out
+
+    return matmul
+
+
+def test_ch06_both_ways():
+    right = exercises.ch06_both_ways(both_ways())
+    assert right.ok and "4 to the left and 3 to the right" in right.message, right.message
+    assert exercises.ch06_both_ways(both_ways(lefts=3)).ok  # the longer way to the right
+    rejected(exercises.ch06_both_ways(both_ways(meet=2)), "is added twice")
+    rejected(exercises.ch06_both_ways(both_ways(meet=0)), "is never added")
+    rejected(exercises.ch06_both_ways(both_ways(swap=True)), "its own columns of A")
+    rejected(exercises.ch06_both_ways(ring_right(to_left, sign=1)), "All 7 collective-permutes")
+    rejected(exercises.ch06_both_ways(both_ways(lefts=5)), "balance them")
+    rejected(exercises.ch06_both_ways(lambda a, b: None), "Not answered yet")

@@ -43,6 +43,8 @@ def test_the_first_chapters_have_checked_exercises():
         "02_sharded_arrays",
         "03_automatic_parallelism",
         "04_explicit_sharding",
+        "05_shard_map_and_collectives",
+        "06_collective_matmul",
         "07_data_parallelism",
         "08_fsdp",
         "09_tensor_parallelism",
