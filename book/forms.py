@@ -407,24 +407,22 @@ def strategy_explorer() -> static_forms.Form:
 
 
 def _strategy_widget():
-    """The live ipywidgets form around ``render_strategy``."""
+    """The live ipywidgets form around ``render_strategy``.
+
+    It offers the strategies and meshes for the chapter's model: each such step compiles once
+    and is cached, so every change answers at once. Other model sizes are for code cells
+    (``render_strategy(..., batch=...)``), where waiting for a compile is expected.
+    """
     import ipywidgets as w
     import jax
 
     count = jax.device_count()
     strategy_box = w.Dropdown(options=list(STRATEGY_EXPLAINED), value="DP", description="strategy")
     mesh_box = w.Dropdown(description="mesh shape")
-    size_boxes = {
-        name: w.Dropdown(
-            options=sorted({default // 4, default, default * 4}), value=default, description=name
-        )
-        for name, default in STRATEGY_SIZES.items()
-    }
     out = w.HTML()
 
     def update(*_):
-        sizes = {name: box.value for name, box in size_boxes.items()}
-        out.value = render_strategy(strategy_box.value, mesh_box.value or "", **sizes)
+        out.value = render_strategy(strategy_box.value, mesh_box.value or "")
 
     def on_strategy(*_):
         choices = strategy_mesh_choices(strategy_box.value, count)
@@ -437,11 +435,8 @@ def _strategy_widget():
 
     strategy_box.observe(on_strategy, names="value")
     mesh_box.observe(update, names="value")
-    for box in size_boxes.values():
-        box.observe(update, names="value")
     on_strategy()
-    controls = w.VBox([w.HBox([strategy_box, mesh_box]), w.HBox(list(size_boxes.values()))])
-    return w.VBox([controls, out])
+    return w.VBox([w.HBox([strategy_box, mesh_box]), out])
 
 
 # The collective explorer (chapter 05): each device's block before and after one collective,
