@@ -140,21 +140,6 @@ def form_cases():
         forms.static_strategy_explorer,
         changes,
     )
-    # A size the form has not seen compiles a new step.
-    resized = [
-        ("DP", "8", 1024),
-        ("DP", "8", 1024, 256),
-        ("FSDP", "8", 1024, 256),
-        ("TP", "8", 1024, 256),
-        ("TP", "8", 1024, 256, 1024),
-        ("DP x TP", "4x2", 1024, 256, 1024),
-    ]
-    yield (
-        "strategy form (render_strategy): a new size",
-        forms.render_strategy,
-        forms.static_strategy_explorer,
-        resized,
-    )
 
 
 def machine(start_load) -> str:
