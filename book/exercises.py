@@ -331,8 +331,8 @@ def ch03_gram(gram):
     Each device's rows of ``a`` give a partial ``aᵀa``; the cheap plan sums those partial
     products and keeps each device's rows of the sum (a reduce-scatter), while the expensive
     one all-gathers ``a``. On mock CPU devices the compiler writes the reduce-scatter as an
-    all-reduce followed by a slice, so the check accepts either reduction and rejects any
-    all-gather, which no platform needs here.
+    all-reduce followed by a dynamic-slice of its result, so there the check asserts those two
+    and quotes the slice; elsewhere it asserts the reduce-scatter.
     """
     import jax
     from jax.sharding import AxisType, NamedSharding
@@ -372,16 +372,37 @@ def ch03_gram(gram):
         "moves a to every device instead of summing each device's partial product.",
     )
     ops = [r.op for r in rows]
+    if jax.default_backend() != "cpu":
+        _need(
+            ops == ["reduce-scatter"],
+            f"Expected one reduce-scatter of the partial products, but the program has "
+            f"{ops or 'none'}.",
+        )
+        return (
+            "each device keeps its rows of aᵀa, the partial products summed with a reduce-scatter."
+        )
     _need(
-        ops in (["reduce-scatter"], ["all-reduce"]),
+        ops == ["all-reduce"],
         f"Expected one reduction of the partial products, but the program has {ops or 'none'}.",
     )
-    how = (
-        "a reduce-scatter"
-        if ops == ["reduce-scatter"]
-        else "an all-reduce and a slice (the CPU compiler's way of writing a reduce-scatter)"
+    (reduce,) = book.hlo.instructions(compiled, "all-reduce")
+    cuts = [
+        i
+        for i in book.hlo.instructions(compiled, "dynamic-slice")
+        if f"%{reduce.name}" in i.operands
+    ]
+    _need(
+        bool(cuts),
+        "The program sums the partial products but never cuts out each device's rows.",
     )
-    return f"each device keeps its rows of aᵀa, the partial products summed with {how}."
+    cut = cuts[0]
+    line = cut.text(width=10_000).splitlines()[0].removeprefix("ROOT ")
+    what = f"`{line}`" + (f" (a fusion of {', '.join(cut.main_fused)})" if cut.fused else "")
+    return (
+        "each device keeps its rows of aᵀa: the partial products are summed with an all-reduce "
+        f"and each device's rows cut out by {what}, the CPU compiler's way of writing a "
+        "reduce-scatter."
+    )
 
 
 @_checker

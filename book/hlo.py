@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,12 +104,12 @@ def _close(text: str, start: int) -> int:
     return len(text)
 
 
-def _split_top(text: str) -> list[str]:
+def _split_top(text: str, opening: str = "([{", closing: str = ")]}") -> list[str]:
     """Split at commas that are not inside brackets."""
     parts, depth, start = [], 0, 0
     for i, c in enumerate(text):
-        depth += c in "([{"
-        depth -= c in ")]}"
+        depth += c in opening
+        depth -= c in closing
         if c == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
@@ -343,7 +344,8 @@ def collectives(compiled) -> list[Collective]:
     return rows
 
 
-def _shape_text(row: Collective) -> str:
+def shape_text(row: Collective) -> str:
+    """A row's shape per device as text: ``[8, 32]``, or ``4 × [1, 4, 8]`` for a tuple of parts."""
     if row.shape and isinstance(row.shape[0], tuple):
         if len(set(row.shape)) == 1:
             return f"{len(row.shape)} × {list(row.shape[0])}"
@@ -372,13 +374,15 @@ border-collapse:collapse;margin:4px 0}
 .bk-hlo th{background:#eee}
 .bk-hlo td.num{text-align:right}
 .bk-hlo caption{caption-side:top;text-align:left;font-weight:bold;padding-bottom:2px}
+.bk-hlo-note{font-size:12px;margin:2px 0 8px}
 </style>"""
 
 
-def table(headers, rows, *, title: str | None = None) -> Rendered:
+def table(headers, rows, *, title: str | None = None, note: str | None = None) -> Rendered:
     """A small HTML table with a plain-text twin, for facts read from compiled programs.
 
-    Numbers are right-aligned and written with thousands separators.
+    Numbers are right-aligned and written with thousands separators. ``note`` is a footnote
+    printed under the table, for what a row cannot say by itself.
     """
     headers = [str(h) for h in headers]
     rows = [list(row) for row in rows]
@@ -398,10 +402,14 @@ def table(headers, rows, *, title: str | None = None) -> Rendered:
         f"{_TABLE_CSS}<div class='bk-hlo-wrap'><table class='bk-hlo'>{caption}"
         f"<tr>{head}</tr>{body}</table></div>"
     )
+    if note:
+        markup += f"<p class='bk-hlo-note'>{html.escape(note)}</p>"
     widths = [max(len(x) for x in col) for col in zip(headers, *cells, strict=True)]
     lines = [title] if title else []
     for texts in [headers, *cells]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(texts, widths, strict=True)).rstrip())
+    if note:
+        lines.append(note)
     return Rendered(markup, "\n".join(lines))
 
 
@@ -412,7 +420,7 @@ def collective_table(compiled, *, title: str | None = None) -> Rendered:
         message = "No collectives: every device computes on the data it already holds."
         text = f"{title}: {message}" if title else message
         return Rendered(f"{_TABLE_CSS}<p class='bk-hlo'>{html.escape(text)}</p>", text)
-    body = [[k, r.op, _shape_text(r), r.dtype, r.bytes, groups_text(r)] for k, r in enumerate(rows)]
+    body = [[k, r.op, shape_text(r), r.dtype, r.bytes, groups_text(r)] for k, r in enumerate(rows)]
     body.append(["", "total", "", "", sum(r.bytes for r in rows), ""])
     headers = ["#", "collective", "shape per device", "dtype", "bytes per device", "groups"]
     return table(headers, body, title=title)
@@ -563,3 +571,170 @@ def graph(compiled, *, title: str | None = None) -> Diagram:
     lines.append("}")
     heading = [title] if title else []
     return Diagram("\n".join(lines), "\n".join(heading + text))
+
+
+# Reading the program itself -------------------------------------------------------------------
+
+# The attributes that say where data lives or how it moves. Layouts, metadata, channel ids and
+# backend configuration are left out of listings: they fill every line and bear on neither.
+_WHERE = ("sharding", "replica_groups", "source_target_pairs")
+_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One instruction of a compiled program's entry computation, trimmed for reading.
+
+    ``type`` is the result type on one device without layouts (``f32[8,32]``) and ``shape`` its
+    dimensions (a tuple of them for a tuple result). ``fused`` names the operations inside a
+    fusion or async wrapper, so that one the compiler merged with its neighbours, such as a
+    ``dynamic-slice``, can still be found. ``details`` are the attributes that say where data
+    lives or moves (``sharding=``, ``replica_groups=``, ``source_target_pairs=``).
+    """
+
+    name: str
+    op: str
+    type: str
+    shape: tuple
+    operands: tuple[str, ...] = ()
+    fused: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()
+    root: bool = False
+
+    def does(self, op: str) -> bool:
+        """Whether this instruction is ``op`` or contains it."""
+        return self.op == op or op in self.fused
+
+    @property
+    def main_fused(self) -> tuple[str, ...]:
+        """The operations of ``fused`` that do the work, without reshapes, copies and such."""
+        return tuple(op for op in self.fused if op not in _DULL_FUSED) or self.fused[:1]
+
+    def text(self, width: int = 88) -> str:
+        """The instruction on one line, each kept attribute indented on a line below."""
+        root = "ROOT " if self.root else ""
+        lines = [f"{root}%{self.name} = {self.type} {self.op}({', '.join(self.operands)})"]
+        if self.fused:
+            lines.append("    fuses " + ", ".join(self.main_fused))
+        lines += [f"    {d}" for d in self.details]
+        return "\n".join(_wrap(line, width) for line in lines)
+
+
+def _wrap(line: str, width: int) -> str:
+    if len(line) <= width:
+        return line
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.fill(
+        line,
+        width,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def instructions(compiled, op: str | None = None) -> list[Instruction]:
+    """The instructions of a compiled program's entry computation, in order.
+
+    With ``op``, only those that do it: that are one, or are a fusion (or async wrapper)
+    containing one, since compilers fuse small operations into their neighbours and the fusion
+    is what the entry computation lists.
+    """
+    module = _parse(_text(compiled))
+    insts = module.computations[module.entry]
+    names = {i.name for i in insts}
+    found = []
+    for inst in insts:
+        called = re.search(r"calls=%?([\w.\-]+)", inst.attrs)
+        body = module.computations.get(called.group(1), []) if called else []
+        fused = tuple(dict.fromkeys(i.op for i in body if i.op != "parameter"))
+        details = tuple(
+            part for part in _split_top(inst.attrs.lstrip(", ")) if part.split("=", 1)[0] in _WHERE
+        )
+        dims = tuple(d for _, d in _arrays(inst.type))
+        operands = tuple(f"%{o}" if o in names else o for o in inst.operands)
+        if any(o not in names and not re.fullmatch(r"[\w.+\-]+", o) for o in inst.operands):
+            operands = ("…",)  # an array literal, such as a constant's values
+        row = Instruction(
+            name=inst.name,
+            op=inst.op,
+            type=re.sub(r"\{[^{}]*\}", "", inst.type).strip(),
+            shape=dims[0] if len(dims) == 1 else dims,
+            operands=operands,
+            fused=fused,
+            details=details,
+            root=inst.root,
+        )
+        if op is None or row.does(op):
+            found.append(row)
+    return found
+
+
+def listing(compiled, *, ops=None, width: int = 88) -> str:
+    """The entry computation of a compiled program as short text, one instruction at a time.
+
+    ``.as_text()`` puts layouts, metadata and backend configuration on every line, which hides
+    what a reader looks for: each result's shape on one device, the parameters' shardings and
+    the collectives' groups. Here each instruction is one line (its name, result type, op and
+    operands), a fusion says which operations it merges, and only the attributes of
+    ``Instruction.details`` follow, indented. With ``ops``, only instructions doing one of them
+    are listed.
+    """
+    rows = instructions(compiled)
+    if ops is not None:
+        wanted = [ops] if isinstance(ops, str) else list(ops)
+        rows = [r for r in rows if any(r.does(op) for op in wanted)]
+    return "\n".join(r.text(width) for r in rows)
+
+
+_SDY_SHARDING = re.compile(r"#sdy\.sharding<([^>]*)>")
+_MLIR_OP = re.compile(r'^(?P<indent>\s*)(?P<lhs>%[^=]+?) = "?(?P<op>[\w.]+)"?(?P<rest>.*)$')
+
+
+def _typed_value(text: str) -> str:
+    """``%arg0: tensor<16x32xf32> {sdy.sharding = ...}`` as ``%arg0: tensor<...> sharding<...>``."""
+    head = text.split(" {", 1)[0].strip()
+    sharding = _SDY_SHARDING.search(text)
+    return f"{head} sharding<{sharding.group(1)}>" if sharding else head
+
+
+def stablehlo_listing(lowered, *, width: int = 88) -> str:
+    """The ``main`` function of a lowered program as short text, before any partitioning.
+
+    The signature gives one argument per line with the sharding it carries (Shardy's
+    ``sharding<@mesh, [{"data"}, {}]>``: one brace per dimension, naming the mesh axes that split
+    it). The body gives one operation per line: results, op, operands and result type, with
+    constants' values and sharding constraints kept and other attributes left out.
+    """
+    text = lowered if isinstance(lowered, str) else lowered.as_text()
+    start = text.index("func.func public @main(")
+    open_at = text.index("(", start)
+    close_at = _close(text, open_at)
+    args = _split_top(text[open_at + 1 : close_at - 1], "([{<", ")]}>")
+    end_of_signature = text.index("\n", close_at)
+    results = text[close_at:end_of_signature].strip().removeprefix("->").strip()
+    results = results.removesuffix("{").strip()
+    if results.startswith("("):
+        results = results[1 : _close(results, 0) - 1]
+    lines = ["@main("]
+    lines += [
+        f"    {_typed_value(a)}{',' if k < len(args) - 1 else ''}" for k, a in enumerate(args)
+    ]
+    outs = [_typed_value(r) for r in _split_top(results, "([{<", ")]}>")]
+    lines.append(f") -> {', '.join(outs)}")
+    for line in text[end_of_signature + 1 :].splitlines():
+        if line.rstrip() == "  }":
+            break
+        m = _MLIR_OP.match(line)
+        if m is None:
+            lines.append(line.rstrip()[2:])
+            continue
+        rest = m.group("rest")
+        values, _, types = rest.rpartition(" : ")
+        if not values:
+            values, types = rest, ""
+        kept = re.findall(r"%[\w#.\-]+|dense<[^>]*>|<@[^>]*>", values)
+        result_type = types.rsplit("->", 1)[-1].strip()
+        body = f"{m.group('indent')[2:]}{m.group('lhs')} = {m.group('op')} {', '.join(kept)}"
+        lines.append(f"{body.rstrip()} : {result_type}" if result_type else body.rstrip())
+    return "\n".join(_wrap(line, width) for line in lines)

@@ -57,12 +57,16 @@ def test_chapters_03_04_show_collective_tables_and_the_graph(html):
     text = page(html, "03_automatic_parallelism")
     assert text.count("<table class='bk-hlo'>") >= 4  # collectives and the nine layouts
     assert "all 9 layouts: output sharding and communication as expected" in text
+    assert "Three more collectives on the 2x4 mesh" in text
+    for op in ("collective-permute", "all-to-all", "reduce-scatter"):
+        assert f"<td>{op}</td>" in text, op
     if shutil.which("dot"):
         assert re.search(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.svg"', text)  # the HLO graph
     text = page(html, "04_explicit_sharding")
     assert "float32[16@data,32@model]" in text
     assert text.count("ShardingTypeError") >= 3
     assert "class='bk-hlo'" in text
+    assert "<th>bytes sent (ring)</th>" in text
 
 
 def test_landing_page_maps_the_chapters_and_says_how_to_read(html):

@@ -251,3 +251,68 @@ def test_table_helper_aligns_text_and_escapes_html():
     rendered = book.hlo.table(["name", "bytes"], [["<a>", 1024], ["b", 8]], title="t")
     assert "&lt;a&gt;" in rendered.html and "1,024" in rendered.html
     assert repr(rendered).splitlines() == ["t", "name  bytes", "<a>   1,024", "b     8"]
+
+
+def test_listing_keeps_shapes_shardings_and_groups_and_drops_the_rest(mesh2d):
+    x = put((16, 32), mesh2d, P("a", None))
+    w = put((32, 8), mesh2d, P(None, "b"))
+    fn = jax.jit(lambda x, w: jnp.tanh(x @ w), out_shardings=NamedSharding(mesh2d, P()))
+    compiled = fn.lower(x, w).compile()
+    text = book.hlo.listing(compiled)
+    assert "sharding={devices=[2,1,4]<=[8] last_tile_dim_replicate}" in text
+    assert "metadata=" not in text and "{1,0}" not in text and "channel_id" not in text
+    assert all(len(line) <= 88 for line in text.splitlines())
+    params = [r for r in book.hlo.instructions(compiled) if r.op == "parameter"]
+    assert [r.shape for r in params] == [(8, 32), (32, 2)]
+    gathers = book.hlo.instructions(compiled, "all-gather")  # over b, then over a
+    assert [g.type for g in gathers] == ["f32[8,8]", "f32[16,8]"] and gathers[-1].root
+    assert all(any(d.startswith("replica_groups=") for d in g.details) for g in gathers)
+    shown = "\n".join(g.text() for g in gathers)
+    assert book.hlo.listing(compiled, ops="all-gather") == shown
+
+
+def test_a_fused_dynamic_slice_is_found_inside_its_fusion(mesh):
+    a = put((16, 32), mesh, P(None, "x"))
+    b = put((32, 8), mesh, P("x", None))
+    compiled = jax.jit(jnp.matmul, out_shardings=NamedSharding(mesh, P("x"))).lower(a, b).compile()
+    (reduce,) = book.hlo.instructions(compiled, "all-reduce")
+    (cut,) = book.hlo.instructions(compiled, "dynamic-slice")  # CPU: all-reduce, then a slice
+    assert cut.shape == (2, 8) and f"%{reduce.name}" in cut.operands
+    assert "dynamic-slice" in cut.text()
+
+
+def test_listing_abbreviates_array_literals():
+    text = """HloModule m
+
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %c = f32[4]{0} constant({1, 2, 3, 4})
+  %z = f32[] constant(0)
+  ROOT %s = f32[4]{0} add(%p, %c)
+}
+"""
+    assert book.hlo.listing(text).splitlines() == [
+        "%p = f32[4] parameter(0)",
+        "%c = f32[4] constant(…)",
+        "%z = f32[] constant(0)",
+        "ROOT %s = f32[4] add(%p, %c)",
+    ]
+
+
+def test_stablehlo_listing_shows_argument_shardings_one_op_a_line(mesh2d):
+    x = put((16, 32), mesh2d, P("a", None))
+    fn = jax.jit(lambda x: jax.lax.with_sharding_constraint(2 * x, NamedSharding(mesh2d, P("b"))))
+    text = book.hlo.stablehlo_listing(fn.lower(x))
+    lines = text.splitlines()
+    assert lines[0] == "@main("
+    assert lines[1] == '    %arg0: tensor<16x32xf32> sharding<@mesh, [{"a"}, {}]>'
+    assert lines[2].startswith(") -> tensor<16x32xf32>")
+    assert any("sdy.sharding_constraint" in line and '[{"b"}, {}]' in line for line in lines)
+    assert any(line.strip().startswith("return") for line in lines)
+    assert all(len(line) <= 88 for line in lines)
+
+
+def test_table_note_goes_under_the_table():
+    rendered = book.hlo.table(["a"], [[1]], note="¹ a footnote")
+    assert rendered.html.endswith("<p class='bk-hlo-note'>¹ a footnote</p>")
+    assert repr(rendered).splitlines()[-1] == "¹ a footnote"
