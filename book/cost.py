@@ -3,7 +3,9 @@
 The collective formulas count the bytes one device sends when ``n`` devices run the collective
 as a ring: the schedule used by NCCL and by TPU interconnects for large messages, and the one
 whose cost does not grow with ``n`` for a fixed result size. Every device both sends and receives
-this amount, so dividing by a link's bandwidth gives the time the transfer needs at best.
+this amount, so dividing by a link's bandwidth gives the time the transfer needs at best. The
+exception is the all-to-all, whose pieces for distant devices cross several links: what each
+link of a ring carries grows with ``n`` (``all_to_all_ring_link_bytes``).
 """
 
 from __future__ import annotations
@@ -66,10 +68,31 @@ def all_to_all_bytes(nbytes: float, n: int) -> float:
     data that must leave the device, and what a switched or fully connected network carries. On a
     ring, pieces for distant devices are forwarded through the ones between, so each link carries
     more: about ``n / 4`` times this on a bidirectional ring, ``n / 2`` on a one-way ring. That
-    growth with ``n`` is why all-to-all gets its own, better-connected axis in large meshes.
+    growth with ``n`` is why all-to-all gets its own, better-connected axis in large meshes;
+    ``all_to_all_ring_link_bytes`` gives the exact figure.
     """
     _check(n)
     return (n - 1) / n * nbytes
+
+
+def all_to_all_ring_link_bytes(nbytes: float, n: int, bidirectional: bool = True) -> float:
+    """Bytes each link of a ring carries in an all-to-all, both directions together.
+
+    ``nbytes`` is the array one device holds; it sends a piece of ``nbytes / n`` to each other
+    device, and each piece travels from neighbour to neighbour until it arrives. On a
+    bidirectional ring it takes the shorter way round (a piece going exactly half way splits
+    evenly between the two). A piece to a device ``d`` steps away crosses ``min(d, n - d)``
+    links, which sum over ``d`` to ``n**2 // 4``; ``n`` devices send such pieces and the ring
+    has ``n`` links, all loaded alike, so each link carries ``n**2 // 4 / n * nbytes``: about
+    ``n / 4 * nbytes``, and exactly that for even ``n``. On a one-way ring a piece crosses ``d``
+    links, which sum to ``n * (n - 1) / 2``, so each link carries ``(n - 1) / 2 * nbytes``: about
+    ``n / 2 * nbytes``. Either way the traffic per link grows with ``n``, while the other ring
+    collectives put less than ``2 * nbytes`` on a link at any ``n``.
+    """
+    _check(n)
+    if bidirectional:
+        return n * n // 4 / n * nbytes
+    return (n - 1) / 2 * nbytes
 
 
 def collective_permute_bytes(nbytes: float) -> float:

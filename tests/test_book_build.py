@@ -98,5 +98,7 @@ def test_chapter_12_shows_the_roofline_the_cost_chart_and_their_tables(html):
         "published peaks per chip",
         "bytes each device sends in one training step",
         "communication-bound on every chip listed",
+        "MiB per device and per ring link for S = 1 MiB",  # shown, not swallowed
+        "GB/s, set by",  # which kernel set the measured bandwidth
     ):
         assert caption in text, caption

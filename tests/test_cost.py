@@ -28,6 +28,45 @@ def test_ring_formulas_by_hand():
     assert book.cost.all_gather_bytes(64, 1) == 0
 
 
+def _routed_link_load(nbytes, n, bidirectional):
+    # Route every piece of an all-to-all hop by hop and count what each link carries.
+    load = [0.0] * n  # link i joins devices i and i + 1 (mod n), both directions together
+    for source in range(n):
+        for d in range(1, n):
+            if not bidirectional or d < n - d:
+                ways = [(+1, d, 1.0)]
+            elif d > n - d:
+                ways = [(-1, n - d, 1.0)]
+            else:  # exactly half way round: half the piece each way
+                ways = [(+1, d, 0.5), (-1, d, 0.5)]
+            for step, hops, share in ways:
+                at = source
+                for _ in range(hops):
+                    load[at if step == +1 else (at - 1) % n] += share * nbytes / n
+                    at = (at + step) % n
+    return load
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 16])
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_all_to_all_ring_link_bytes_match_routing_every_piece(n, bidirectional):
+    load = _routed_link_load(800.0, n, bidirectional)
+    expected = book.cost.all_to_all_ring_link_bytes(800.0, n, bidirectional=bidirectional)
+    assert load == pytest.approx([expected] * n)
+
+
+def test_all_to_all_ring_link_bytes_grow_with_n():
+    # 8 devices, bidirectional: 16 // 4 / 8 = 2 times the array per link; one-way: 7 / 2.
+    assert book.cost.all_to_all_ring_link_bytes(800, 8) == 1600
+    assert book.cost.all_to_all_ring_link_bytes(800, 8, bidirectional=False) == 2800
+    assert book.cost.all_to_all_ring_link_bytes(800, 256) == 64 * 800
+    assert book.cost.all_to_all_ring_link_bytes(800, 1) == 0
+    # Each device's own bytes stay below the array; the link's grow about as n / 4.
+    for n in (16, 64, 256):
+        assert book.cost.all_to_all_bytes(800, n) < 800
+        assert book.cost.all_to_all_ring_link_bytes(800, n) == n / 4 * 800
+
+
 @pytest.mark.parametrize("n", [0, -1, 2.5, True])
 def test_a_ring_needs_a_positive_whole_number(n):
     with pytest.raises(ValueError, match="positive whole number"):
