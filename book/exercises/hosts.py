@@ -1,0 +1,451 @@
+"""Checkers for chapters 11 and 12: functions run in several processes, and performance counts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from book.exercises.core import (
+    Wrong,
+    answered,
+    checker,
+    fresh_source,
+    need,
+)
+
+# Chapter 11: the reader's function runs in every process of a multi-process launch --------
+
+_WORKER_HEAD = """\
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import book.data
+
+jax.distributed.initialize(
+    num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+    process_id=int(os.environ["JAX_PROCESS_ID"]),
+)
+"""
+
+_IN_WORKER = (
+    "it runs alone in each worker process, where only jax, jnp, np, multihost_utils, "
+    "NamedSharding, P, AxisType and book are defined; import anything else inside it"
+)
+
+
+def _function_text(fn, what):
+    """The source of the reader's function, to be copied into each worker process, and its name.
+
+    The source is ``None`` when the body is only a stub (a docstring, ``pass`` or
+    ``return None``), so an unanswered exercise is explained without starting any process.
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    need(callable(fn), f"Not answered yet: pass a function, not a {type(fn).__name__}.")
+    need(
+        getattr(fn, "__name__", "") != "<lambda>",
+        f"Write {what} with def, not lambda: the checker copies its source into each process.",
+    )
+    try:
+        text = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        raise Wrong(
+            f"The checker cannot read the source of {what}; define it with def in a cell."
+        ) from None
+    tree = ast.parse(text)
+    func = tree.body[0] if tree.body else None
+    need(
+        isinstance(func, ast.FunctionDef)
+        and not func.decorator_list
+        and func.name == getattr(fn, "__name__", None),
+        f"Pass {what} itself, a plain function defined with def, and run its cell again.",
+    )
+    for stmt in func.body:
+        docstring = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+        empty = isinstance(stmt, ast.Return) and (
+            stmt.value is None or getattr(stmt.value, "value", 0) is None
+        )
+        if not (docstring or empty or isinstance(stmt, ast.Pass)):
+            return text, func.name
+    return None, func.name
+
+
+def _in_processes(text, name, what, driver, args=()) -> list[dict]:
+    """Run the reader's function through ``driver`` in 2 processes of 4 CPU devices each.
+
+    The driver prints one ``RESULT <json>`` line per process; their dicts come back in process
+    order. A process that raises, or a launch that hangs, becomes one sentence.
+    """
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import book.multihost
+
+    script = f"{_WORKER_HEAD}\n\n{text}\n\n{driver.replace('READER', name)}"
+    with tempfile.TemporaryDirectory(prefix="book-exercise-") as folder:
+        path = Path(folder) / "exercise_worker.py"
+        path.write_text(script)
+        try:
+            outputs = book.multihost.launch(path, 2, 4, timeout=30, args=args)
+        except book.multihost.WorkerError as err:
+            raise Wrong(_worker_failure(err, what)) from None
+    results = []
+    for i, out in enumerate(outputs):
+        found = [line[7:] for line in out.splitlines() if line.startswith("RESULT ")]
+        need(found, f"Process {i} printed no result; let {what} return instead of exiting.")
+        results.append(json.loads(found[-1]))
+    return results
+
+
+def _worker_failure(err, name) -> str:
+    text = str(err)
+    if "still ran after" in text:
+        return (
+            f"{name} still ran after 30 s in process {err.process}: one process probably "
+            "waits in a collective that another never joins; every process must make the "
+            "same JAX calls."
+        )
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    last = lines[-1][:200] if lines else "an error"
+    if "not next to each other" in last:
+        return (
+            "book.data.process_slice refuses this layout: each process's devices hold two "
+            "separate blocks of rows, so there is no one block for "
+            "make_array_from_process_local_data; let each device read its own piece instead."
+        )
+    if last.startswith("NameError"):
+        return f"In process {err.process}, {name} raised {last}: {_IN_WORKER}."
+    return f"In process {err.process}, {name} raised {last}; fix that and check again."
+
+
+_MEANS_DRIVER = """\
+seed = int(sys.argv[1])
+me = jax.process_index()
+local = np.random.default_rng([seed, me]).integers(-4, 5, size=(8, 3)).astype(np.float32)
+mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
+out = READER(local, mesh)
+result = {"local": local.tolist(), "none": out is None}
+try:
+    result["out"] = None if out is None else np.asarray(out, dtype=np.float64).tolist()
+except RuntimeError as err:  # a global array that spans the other process's devices
+    result["unreadable"] = str(getattr(getattr(out, "sharding", None), "spec", "?"))
+print("RESULT " + json.dumps(result))
+jax.distributed.shutdown()
+"""
+
+
+@checker
+def ch11_column_means(column_means):
+    """Exercise 11.1: the mean of every column over all processes' rows, held by every process.
+
+    Each of 2 processes gets its own fresh ``(8, 3)`` block of rows; the means must cover all
+    16 rows and come back whole in both processes.
+    """
+    text, name = _function_text(column_means, "column_means")
+    answered(text, "column_means returns nothing yet; return the 3 column means")
+    results = _in_processes(text, name, "column_means", _MEANS_DRIVER, args=[11])
+    pieces = [np.asarray(r["local"]) for r in results]
+    want = np.concatenate(pieces).mean(axis=0)
+    for i, r in enumerate(results):
+        need(not r["none"], "Not answered yet: column_means returns nothing in the workers.")
+        need(
+            "unreadable" not in r,
+            f"Process {i} cannot read the result: it is a global array split over both "
+            f"processes, {r.get('unreadable')}; return the means replicated, e.g. with "
+            "out_shardings=NamedSharding(mesh, P()).",
+        )
+        got = np.asarray(r["out"])
+        need(got.shape == want.shape, f"Process {i} returned shape {got.shape}, not (3,).")
+        own = pieces[i].mean(axis=0)
+        need(
+            not (np.allclose(got, own) and not np.allclose(got, want)),
+            f"Process {i} returned the means of its own 8 rows only; build one global array "
+            "from both processes' rows and take the means of that.",
+        )
+        need(
+            np.allclose(got, want, atol=1e-5),
+            f"Process {i} returned {np.round(got, 4).tolist()}, but the means over all 16 rows "
+            f"are {np.round(want, 4).tolist()}.",
+        )
+    return f"both processes hold the means of all 16 rows, {np.round(want, 4).tolist()}."
+
+
+_ROWS_DRIVER = """\
+folder, seed = sys.argv[1], int(sys.argv[2])
+source = book.data.Source(folder)
+asked = []
+_read = source.read
+
+
+def logged(field, rows):
+    asked.extend(np.asarray(rows).ravel().tolist())
+    return _read(field, rows)
+
+
+source.read = logged
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+sharding = NamedSharding(mesh, P(("model", "data")))
+rows = book.data.epoch_order(source.num_examples, seed, 1)[:64]
+batch = book.data.Batch(source, "x", rows)
+out = READER(batch, sharding)
+want = np.asarray(source.fields["x"])[rows]
+held = sharding.addressable_devices_indices_map(batch.shape).values()
+result = {
+    "asked": asked,
+    "mine": sorted(int(r) for index in held for r in rows[index[0]]),
+    "type": type(out).__name__,
+}
+if isinstance(out, jax.Array) and out.shape == batch.shape:
+    result["same_sharding"] = out.sharding.is_equivalent_to(sharding, out.ndim)
+    result["spec"] = str(out.sharding.spec)
+    result["shards_ok"] = all(
+        np.array_equal(np.asarray(s.data), want[s.index]) for s in out.addressable_shards
+    )
+    gathered = multihost_utils.process_allgather(out, tiled=True)
+    result["values_ok"] = bool(np.array_equal(gathered, want))
+print("RESULT " + json.dumps(result))
+jax.distributed.shutdown()
+"""
+
+
+@checker
+def ch11_own_rows(build):
+    """Exercise 11.2: a global batch split ``P(('model', 'data'))``, each process reading its rows.
+
+    On the 4x2 mesh over 2 processes, that spec gives each process two separate blocks of the
+    batch, so the one-block recipe of the chapter does not apply. The check: the right values
+    on every device, the given sharding, and each process read exactly the rows its own devices
+    hold, each once.
+    """
+    import tempfile
+
+    text, name = _function_text(build, "build")
+    answered(text, "build returns nothing yet; return the batch as a jax.Array")
+    with tempfile.TemporaryDirectory(prefix="book-exercise-") as folder:
+        fresh_source(folder, 256, 4, seed=1101)
+        results = _in_processes(text, name, "build", _ROWS_DRIVER, args=[folder, 7])
+    for i, r in enumerate(results):
+        need(r["type"] != "NoneType", "build returns nothing yet; return the batch.")
+        need(
+            "values_ok" in r,
+            f"In process {i}, build returned a {r['type']}; return a jax.Array of the "
+            "batch's global shape (64, 4).",
+        )
+        need(
+            r["same_sharding"],
+            f"The batch comes out as {r['spec']}; build it with the sharding you were given, "
+            "P(('model', 'data')).",
+        )
+        need(
+            r["shards_ok"] and r["values_ok"],
+            f"Some devices of process {i} do not hold the rows of their index; let each "
+            "device's piece come from the rows its index selects.",
+        )
+        asked, mine = r["asked"], set(r["mine"])
+        others = [row for row in asked if row not in mine]
+        need(
+            not others,
+            f"Process {i} read {len(asked)} rows, {len(set(others))} of them held only by "
+            "the other process's devices; read just the rows of this process's devices.",
+        )
+        need(
+            len(asked) == len(mine),
+            f"Process {i} read {len(asked)} rows for the {len(mine)} its devices hold; read "
+            "each of them once.",
+        )
+    return (
+        "each process read only the 32 rows its devices hold, in two separate blocks, and the "
+        "global batch has the right rows on every device."
+    )
+
+
+# Chapter 12 ------------------------------------------------------------------------------
+
+
+INTENSITY_SHAPES = [(128, 128, 128), (8, 4096, 8), (256, 64, 1024)]
+
+
+def matmul_intensity(m, k, n, itemsize=4) -> float:
+    """FLOPs per byte of ``(m, k) @ (k, n)`` as XLA's CPU cost analysis counts them.
+
+    ``tests/test_exercise_checkers.py`` checks the two agree; the checker uses the formula, so
+    it answers the same on every backend (a GPU's count can include a library's scratch space).
+    """
+    return 2 * m * k * n / (itemsize * (m * k + k * n + m * n))
+
+
+@checker
+def ch12_intensity(intensity):
+    """Exercise 12.1: FLOPs per byte of an ``(m, k) @ (k, n)`` float32 product, as XLA counts."""
+    need(
+        callable(intensity),
+        f"Not answered yet: pass a function, not a {type(intensity).__name__}.",
+    )
+    found = []
+    for m, k, n in INTENSITY_SHAPES:
+        real = matmul_intensity(m, k, n)
+        got = intensity(m, k, n)
+        answered(got, "intensity returns nothing yet; return the FLOPs divided by the bytes")
+        need(
+            isinstance(got, (int, float, np.number)),
+            f"intensity returned a {type(got).__name__}; return a number.",
+        )
+        product = f"({m}, {k}) @ ({k}, {n})"
+        wrong = {
+            real / 2: "that is half XLA's count: a multiply-add is 2 FLOPs, as "
+            "cost.matmul_flops counts it",
+            2 * m * k * n / (4 * (m * k + k * n)): "the output's bytes are missing: the result "
+            "is written to memory too",
+            real * 4: "that counts numbers, not bytes: a float32 number is 4 bytes",
+        }
+        for value, why in wrong.items():
+            need(not np.isclose(got, value, rtol=1e-6), f"For {product} {why}.")
+        need(
+            np.isclose(got, real, rtol=1e-6),
+            f"For {product} XLA counts {real:.4g} FLOPs per byte, not {got:.4g}: both inputs "
+            "are read once and the output written once.",
+        )
+        found.append(real)
+    return (
+        f"{found[0]:.3g} FLOPs per byte for the 128-cube but {found[1]:.2g} for the thin "
+        "(8, 4096) @ (4096, 8): a matrix product is compute-bound only when all its "
+        "dimensions are large."
+    )
+
+
+class _Pending:
+    """A result that is ready at a given moment, as a jax.Array is once its work is done."""
+
+    def __init__(self, ready_at: float):
+        self._ready_at = ready_at
+
+    def block_until_ready(self):
+        import time
+
+        delay = self._ready_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return self
+
+
+class _StandIn:
+    """A stand-in for a jitted function, with the three traps of timing one.
+
+    The first call compiles; every call returns at once and its work finishes later, queued
+    behind earlier work; every fourth call is slowed by a busy neighbour.
+    """
+
+    WORK = 0.02
+
+    def __init__(self, compile_s: float = 0.3, slow_s: float = 0.15):
+        self.compile_s, self.slow_s = compile_s, slow_s
+        self.calls, self._busy_until = 0, 0.0
+
+    def __call__(self, *args):
+        import time
+
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.compile_s)
+        work = self.WORK + (self.slow_s if self.calls % 4 == 0 else 0.0)
+        self._busy_until = max(self._busy_until, time.perf_counter()) + work
+        return _Pending(self._busy_until)
+
+
+def _seconds(timer, stand_in) -> float:
+    result = timer(stand_in, np.zeros(4, np.float32))
+    answered(result, "seconds_per_call returns nothing yet; return a number of seconds")
+    need(stand_in.calls > 0, "seconds_per_call never calls f; time calls of f(*args).")
+    need(
+        isinstance(result, (int, float, np.number)),
+        f"seconds_per_call returned a {type(result).__name__}; return a number of seconds.",
+    )
+    return float(result)
+
+
+@checker
+def ch12_timer(seconds_per_call):
+    """Exercise 12.2: a timer that warms up, waits for each result and takes the median."""
+    from book.timing import format_seconds
+
+    need(
+        callable(seconds_per_call),
+        f"Not answered yet: pass a function, not a {type(seconds_per_call).__name__}.",
+    )
+    work = _StandIn.WORK
+    said = _seconds(seconds_per_call, _StandIn())
+    need(
+        said > 0.5 * work,
+        f"Your timer says {format_seconds(said)} per call, but each call's work takes "
+        f"{format_seconds(work)}: it timed the queueing; wait for the result with "
+        "jax.block_until_ready inside the clock.",
+    )
+    if said > 1.5 * work:
+        no_neighbour = _seconds(seconds_per_call, _StandIn(slow_s=0.0))
+        need(
+            no_neighbour <= 1.5 * work,
+            f"Your timer says {format_seconds(said)} per call for {format_seconds(work)} of "
+            "work: it includes the first call's compile; make one or two untimed calls first.",
+        )
+        raise Wrong(
+            f"Your timer says {format_seconds(said)} per call for {format_seconds(work)} of "
+            "work: the slow runs pull it up; take the median of several runs, not the mean."
+        )
+    return (
+        f"{format_seconds(said)} per call for {format_seconds(work)} of work: the compile, "
+        "the queueing and the neighbour's slow runs are all left out."
+    )
+
+
+@checker
+def ch12_dp_tp_bytes(sent_per_device):
+    """Exercise 12.3: bytes each device sends in a DP x TP step on 2x4 with a batch of 512."""
+    from book import cost, models, strategies
+
+    answered(sent_per_device, "set sent_per_device to a number of bytes")
+    need(
+        isinstance(sent_per_device, (int, float, np.number)),
+        f"sent_per_device is a {type(sent_per_device).__name__}; give a number of bytes.",
+    )
+    sizes = models.Sizes(batch=512, features=64, hidden=256, classes=16)
+    real = strategies.analyze("DP x TP", (2, 4), sizes).sent_bytes
+
+    def shard(m):  # numbers of the parameters one device holds when TP splits over m
+        return (64 * 256 + 256 + 256 * 16) // m + 16
+
+    logits = 512 // 2 * 16 * 4
+    wrong = {
+        logits + shard(4) * 4 + 4: "those are the sizes of the two arrays all-reduced; on a "
+        "ring of n devices each one sends 2(n-1)/n times an array's size",
+        cost.all_reduce_bytes(512 // 4 * 16 * 4, 2)
+        + cost.all_reduce_bytes(shard(2) * 4 + 4, 4): "the axes are the other way round: "
+        "data (the first) has 2 devices and model 4",
+        cost.all_reduce_bytes(512 * 16 * 4, 4)
+        + cost.all_reduce_bytes(shard(4) * 4 + 4, 2): "each data group holds half the batch, "
+        "so the logits all-reduced over model have 256 rows, not 512",
+        cost.all_reduce_bytes(512 // 2 * 16 * 4, 4)
+        + cost.all_reduce_bytes(models.param_count(sizes) * 4 + 4, 2): "TP has split the "
+        "parameters, so each device all-reduces only its model shard of the gradients",
+    }
+    for value, why in wrong.items():
+        need(abs(sent_per_device - value) > 4, f"Not {sent_per_device:,.0f} bytes: {why}.")
+    need(
+        abs(sent_per_device - real) <= 4,
+        f"Not {sent_per_device:,.0f} bytes: count two all-reduces, the logits of your data "
+        "group's rows over model and your model shard of the gradients (and the loss) over "
+        "data.",
+    )
+    return (
+        f"{real:,.0f} bytes per device, as the compiled step's collectives send on a ring "
+        "(the 4-byte loss included or not)."
+    )

@@ -1,0 +1,30 @@
+"""Colab and Kaggle install the `book` package from the repository: every module must ship."""
+
+import subprocess
+import sys
+import zipfile
+
+from nbconventions import ROOT
+
+
+def test_the_wheel_holds_every_module(tmp_path):
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("*.whl")
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py")}
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "book").rglob("*.py")}
+    assert modules and modules <= shipped, sorted(modules - shipped)
