@@ -1,5 +1,8 @@
 # Everything the book needs, bootstrapped into .venv on first use.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# Python 3.12: the first interpreter that really is 3.12 (a pyenv shim may exist and refuse to run).
+PY312 := $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
+  $(shell $(p) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && echo $(p))))
+PYTHON ?= $(PY312)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,6 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: book test bench serve lab lint clean check-dot
 
 $(STAMP): requirements.txt pyproject.toml
+	@test -n "$(PYTHON)" || { echo "Python 3.12 is needed: install it (python.org, 'apt-get install python3.12', 'pyenv install 3.12') or run 'make PYTHON=/path/to/python3.12'."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt

@@ -83,7 +83,11 @@ def _check_chapter(path, cells, code) -> list[str]:
     setup = source(code[0][1]) if code else ""
     url, branch = repository()
     for needed, why in [
-        ('find_spec("book")', "installs the book package only where it is missing"),
+        (
+            'importlib.metadata.version("jax-sharding-book")',
+            "installs the book package only where its distribution is missing",
+        ),
+        ("sys.path.insert(0, str(clone))", "uses a clone's own book/ without the network"),
         ("--no-deps", "never reinstalls the runtime's jax"),
         (f"git+{url}@{branch}", "installs from the repository in _config.yml"),
         ("book.devices.setup(", "chooses the devices before JAX starts"),
