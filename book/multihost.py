@@ -152,9 +152,15 @@ def worker_env(
     JAX reads every ``jax_*`` option from the upper-case environment variable of the same name,
     so ``JAX_NUM_CPU_DEVICES``, ``JAX_PLATFORMS`` and ``JAX_CPU_COLLECTIVES_IMPLEMENTATION``
     configure the worker before its backend starts; ``jax.distributed.initialize`` reads
-    ``JAX_COORDINATOR_ADDRESS`` itself, and the worker passes on the other two.
+    ``JAX_COORDINATOR_ADDRESS`` itself, and the worker passes on the other two. The folder
+    this ``book`` package was imported from leads ``PYTHONPATH``, so workers import the same
+    package as the notebook, even one taken from a clone rather than installed.
     """
     env = dict(os.environ if base is None else base)
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_root, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    )
     env.update(
         JAX_COORDINATOR_ADDRESS=coordinator,
         JAX_NUM_PROCESSES=str(num_processes),

@@ -55,9 +55,17 @@ class Form:
         self.static_html = static_html
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude))
-        bundle["text/html"] = self.static_html
-        return bundle
+        """The widget's view for a kernel, the static twin for a page without one.
+
+        The view is written out rather than taken from the widget: ipywidgets 7 widgets have no
+        ``_repr_mimebundle_`` (they display themselves), while 7 and 8 read this same view.
+        """
+        view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
+        return {
+            "text/plain": repr(self.widget),
+            "text/html": self.static_html,
+            "application/vnd.jupyter.widget-view+json": view,
+        }
 
 
 def static_form(

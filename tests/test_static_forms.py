@@ -36,11 +36,11 @@ def test_renderings_cannot_break_out_of_their_script():
     assert data_of(page)["views"] == ["</script><script>alert(1)</script>"]
 
 
-def test_form_adds_the_twin_to_the_widget_bundle():
-    class FakeWidget:
-        def _repr_mimebundle_(self, include=None, exclude=None):
-            return {"text/plain": "VBox()", "application/vnd.jupyter.widget-view+json": {}}
+def test_form_shows_the_widget_view_and_the_twin():
+    import ipywidgets
 
-    bundle = static_forms.Form(FakeWidget(), "<p>twin</p>")._repr_mimebundle_()
+    widget = ipywidgets.VBox([ipywidgets.Label("x")])
+    bundle = static_forms.Form(widget, "<p>twin</p>")._repr_mimebundle_()
     assert bundle["text/html"] == "<p>twin</p>"
-    assert "application/vnd.jupyter.widget-view+json" in bundle
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == widget.model_id and view["version_major"] == 2
