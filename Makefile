@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: book test bench serve lab lint clean check-dot
+.PHONY: book test test-floor test-colab bench serve lab lint clean check-dot
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.12 is needed: install it (python.org, 'apt-get install python3.12', 'pyenv install 3.12') or run 'make PYTHON=/path/to/python3.12'."; exit 1; }
@@ -25,6 +25,15 @@ book: $(STAMP) check-dot
 
 test: $(STAMP) check-dot
 	$(BIN)/pytest -n 2 --dist loadgroup --nbmake --nbmake-timeout=300 tests notebooks
+
+# Every chapter alone in an empty folder, the package installed --no-deps beside pyproject's
+# dependencies only, as Colab and Kaggle run it: on the oldest jax the book supports (with
+# ipywidgets 7, which Colab kept for years), and on the pinned newest jax.
+test-floor: $(STAMP) check-dot
+	$(BIN)/python tests/colab_run.py --venv .venv-floor --jax floor --ipywidgets 7.7.1
+
+test-colab: $(STAMP) check-dot
+	$(BIN)/python tests/colab_run.py --venv .venv-colab --jax pinned
 
 bench: $(STAMP) check-dot
 	$(BIN)/python benchmarks/bench.py --out BENCHMARKS.md

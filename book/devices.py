@@ -10,6 +10,7 @@ the platform are fixed at that moment.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import subprocess
 import sys
@@ -23,6 +24,9 @@ _DEVICE_FILE_HINTS = {
     "gpu": ("/dev/nvidia[0-9]*", "/dev/kfd"),
 }
 _PROBE = "import jax; print(jax.default_backend(), jax.device_count())"
+# The oldest and the newest jax every chapter was executed with (pyproject's floor and
+# requirements.txt's pin; a test keeps the three in step).
+TESTED_JAX = ("0.10.0", "0.12.0.1")
 
 
 class SetupError(ReaderError, RuntimeError):
@@ -113,6 +117,34 @@ def choose(n: int, accelerator: Accelerator | None) -> Plan:
     return Plan(n, "cpu", n, True, f"Running on {n} mock CPU devices: {why}.")
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: '0.12.1.dev20261101' -> (0, 12, 1)."""
+    numbers = []
+    for part in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if len(digits) < len(part):
+            break
+    return tuple(numbers)
+
+
+def version_notice(version: str, tested: tuple[str, str] = TESTED_JAX) -> str | None:
+    """One sentence when ``version`` of jax lies outside the range the book was tested with.
+
+    Colab and Kaggle keep their own jax, which may be older or newer; the chapters usually
+    still run, so this informs rather than fails.
+    """
+    oldest, newest = tested
+    if _release(oldest) <= _release(version) <= _release(newest):
+        return None
+    return (
+        f"Note: this runtime has jax {version}; the book was tested with jax {oldest} to "
+        f"{newest}, so an example may behave differently here."
+    )
+
+
 def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
     """Choose the devices for this kernel and configure JAX before its backend starts.
 
@@ -141,6 +173,9 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
         plan = _plan_from_running_backend(plan)
     _plan = plan
     print(plan.notice)
+    notice = version_notice(jax.__version__)
+    if notice:
+        print(notice)
     return plan
 
 
