@@ -105,7 +105,9 @@ def process_slice(sharding, shape) -> slice:
     """The rows of a global batch that this process's devices hold, as one slice.
 
     With the usual meshes (a process's devices next to each other along the batch axis) they
-    form one block, and that block is what ``jax.make_array_from_process_local_data`` expects.
+    form one block. When they are several separate blocks, one slice cannot name them, so this
+    refuses; ``jax.make_array_from_process_local_data`` itself takes such blocks concatenated
+    in global order.
     """
     n = shape[0]
     index_map = sharding.addressable_devices_indices_map(tuple(shape))
@@ -114,8 +116,9 @@ def process_slice(sharding, shape) -> slice:
         if stop != start:
             raise ReaderError(
                 "This process's devices hold rows of the batch that are not next to each "
-                "other; order the mesh so that each process's devices are adjacent along the "
-                "batch axis."
+                "other, so no one slice names them; pass their blocks concatenated in order to "
+                "jax.make_array_from_process_local_data, or build the batch with "
+                "jax.make_array_from_callback."
             )
     return slice(spans[0][0], spans[-1][1])
 
