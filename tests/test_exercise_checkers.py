@@ -590,9 +590,22 @@ def doubling(block):
     return block
 
 
+def looped_ring_sum(block):
+    """The ring of 7 steps as a fori_loop: the program lists its collective-permute once."""
+
+    def step(_, carry):
+        acc, travelling = carry
+        travelling = jax.lax.ppermute(travelling, "i", to_right)
+        return acc + travelling, travelling
+
+    return jax.lax.fori_loop(0, n - 1, step, (block, block))[0]
+
+
 def test_ch05_ring_sum():
     right = exercises.ch05_ring_sum(ring_sum())
     assert right.ok and "7 collective-permutes" in right.message, right.message
+    looped = exercises.ch05_ring_sum(on_i(looped_ring_sum))
+    assert looped.ok and "in a loop" in looped.message, looped.message
     assert exercises.ch05_ring_sum(on_i(doubling)).ok
     rejected(exercises.ch05_ring_sum(on_i(lambda b: jax.lax.psum(b, "i"))), "all-reduce")
     gathered = on_i(lambda b: jax.lax.all_gather(b, "i").sum(axis=0))
@@ -670,9 +683,29 @@ def ring_right(perm=to_right, sign=-1, offset=0, steps=n, gather=False):
     return matmul
 
 
+def scanned_ring_right(a_blk, b_blk):
+    """The ring to the right as a scan, its invariant initial carry cast to varying."""
+    me = jax.lax.axis_index("x")
+    k = b_blk.shape[0]
+
+    def times(step, block):
+        return jax.lax.dynamic_slice_in_dim(a_blk, ((me - step) % n) * k, k, axis=1) @ block
+
+    def step(carry, s):
+        out, block = carry
+        return (out + times(s, block), jax.lax.ppermute(block, "x", to_right)), None
+
+    out = jnp.zeros((a_blk.shape[0], b_blk.shape[1]), a_blk.dtype)
+    out = jax.lax.pcast(out, "x", to="varying")
+    (out, last), _ = jax.lax.scan(step, (out, b_blk), jnp.arange(n - 1))
+    return out + times(n - 1, last)
+
+
 def test_ch06_ring_right():
     right = exercises.ch06_ring_right(ring_right())
     assert right.ok and "7 collective-permutes" in right.message, right.message
+    looped = exercises.ch06_ring_right(scanned_ring_right)
+    assert looped.ok and "from a loop" in looped.message, looped.message
     rejected(exercises.ch06_ring_right(ring_right(to_left, sign=1)), "travel to the left")
     rejected(exercises.ch06_ring_right(ring_right(to_left)), "travel to the left")
     rejected(exercises.ch06_ring_right(ring_right(sign=1)), "device d - s started with")

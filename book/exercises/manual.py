@@ -27,6 +27,19 @@ def _ring_pairs(n, step) -> set[tuple[int, int]]:
     return {(j, (j + step) % n) for j in range(n)}
 
 
+def _in_loop(compiled, rows) -> bool:
+    """Whether some of ``rows`` sit in the body of a compiled loop (``scan``, ``fori_loop``).
+
+    ``book.hlo.collectives`` lists such a collective once however often the loop runs, so
+    counts and bytes read from the rows are per trip, not per program.
+    """
+    import book.hlo
+
+    entry = book.hlo.instructions(compiled)
+    names = {i.name for i in entry}
+    return any(i.op == "while" for i in entry) and any(r.name not in names for r in rows)
+
+
 def _blocks_added(block, blocks) -> np.ndarray | None:
     """How many times each of ``blocks`` was added to make ``block``, if it is such a sum."""
     basis = blocks.reshape(len(blocks), -1).T.astype(np.float64)
@@ -110,6 +123,11 @@ def ch05_ring_sum(ring_sum):
             f"ring for the {n - 1} other blocks to arrive.",
         )
         raise Wrong(f"The device at position {p} does not hold the sum of the 8 blocks.")
+    if _in_loop(compiled, rows):
+        return (
+            f"every device holds the sum of all {n} blocks, built in a loop of "
+            "collective-permutes and additions, with no all-reduce."
+        )
     sent = sum(r.bytes for r in rows)
     return (
         f"every device holds the sum of all {n} blocks, built from {len(rows)} "
@@ -260,7 +278,8 @@ def ch05_from_five(from_five):
 def _ring_matmul_check(variant, what, seed):
     """Run the reader's per-device matmul on fresh A and B, both split by rows over 8 devices.
 
-    Returns the result, the operands and the compiled collectives.
+    Returns the result, the operands, the compiled collectives and whether they sit in a
+    loop (a ``scan`` or ``fori_loop`` lists each of its collectives once).
     """
     import jax
     from jax.sharding import NamedSharding
@@ -286,7 +305,8 @@ def _ring_matmul_check(variant, what, seed):
         book.checks.product_error(out, A, B)
     except AssertionError as err:
         raise Wrong(f"{str(err)[:-1]}; return this device's {A.shape[0] // 8} rows.") from None
-    return out, A, B, book.hlo.collectives(compiled)
+    rows = book.hlo.collectives(compiled)
+    return out, A, B, rows, _in_loop(compiled, rows)
 
 
 def _wrong_row_blocks(out, A, B, n=8) -> list[int]:
@@ -325,7 +345,7 @@ def ch06_ring_right(ring_right_matmul):
     ``to_right``, and give A @ B to float32 accuracy on fresh operands. The direction is
     checked first, so a ring still running to the left is named as such whatever its index.
     """
-    out, A, B, rows = _ring_matmul_check(ring_right_matmul, "ring_right_matmul", 601)
+    out, A, B, rows, looped = _ring_matmul_check(ring_right_matmul, "ring_right_matmul", 601)
     n, k = 8, B.shape[0] // 8
     _only_permutes(rows)
     left, right = _ring_pairs(n, -1), _ring_pairs(n, 1)
@@ -347,7 +367,7 @@ def ch06_ring_right(ring_right_matmul):
         "(d - s) % n of A.",
     )
     need(
-        len(rows) == n - 1,
+        looped or len(rows) == n - 1,
         f"The program has {len(rows)} collective-permutes; {n - 1} steps bring the {n - 1} "
         "blocks a device lacks.",
     )
@@ -356,6 +376,11 @@ def ch06_ring_right(ring_right_matmul):
         f"A collective-permute moves {list(rows[0].shape)}; each step should pass one block "
         f"of B, {[k, B.shape[1]]}.",
     )
+    if looped:
+        return (
+            "A @ B to float32 accuracy, from a loop whose collective-permute passes one block "
+            "of B to the right at each step."
+        )
     return (
         f"A @ B to float32 accuracy, from {n - 1} collective-permutes of one block of B each, "
         f"all to the right: {sum(r.bytes for r in rows):,} bytes sent per device, as many as "
@@ -371,7 +396,7 @@ def ch06_both_ways(both_ways_matmul):
     counting it twice, or never, is named. The program must be whole-block collective-permutes
     along the two neighbour rings, n - 1 of them, n // 2 in the longer direction.
     """
-    out, A, B, rows = _ring_matmul_check(both_ways_matmul, "both_ways_matmul", 602)
+    out, A, B, rows, looped = _ring_matmul_check(both_ways_matmul, "both_ways_matmul", 602)
     n, k, half = 8, B.shape[0] // 8, 8 // 2
     if _wrong_row_blocks(out, A, B):
         m = A.shape[0] // n
@@ -411,6 +436,12 @@ def ch06_both_ways(both_ways_matmul):
         f"All {len(rows)} collective-permutes go to the {'left' if lefts else 'right'}: that "
         f"is the one-way ring, {n - 1} steps one after the other; send blocks both ways.",
     )
+    if looped:
+        return (
+            "A @ B to float32 accuracy, whole blocks of B travelling both ways in a loop. The "
+            "loop's collective-permutes are listed once however often it runs, so its steps "
+            f"cannot be counted here: with n = {n} it should run {half} of them."
+        )
     need(
         lefts + rights == n - 1,
         f"The program has {lefts + rights} collective-permutes; each device needs the other "
