@@ -407,7 +407,8 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
     """Exercise 4.1: the sharding in the type of three results, and which of them move data.
 
     The point is that the type does not tell the cost: a concatenation and a slice keep ``x``'s
-    spec, but the blocks of the result are not the blocks each device holds.
+    spec, but the blocks of the result are not the blocks each device holds. The answers are
+    checked under ``jax.jit``; the verdict also says what the slice does outside it.
     """
     import jax
     import jax.numpy as jnp
@@ -445,6 +446,14 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
             )
             if book.hlo.collectives(jitted.lower(x).compile()):
                 moving.add(name)
+        try:
+            cases["sliced"](x)
+            eager = "outside jax.jit the slice works as well"
+        except Exception as err:  # what this JAX does eagerly: reported, not the reader's fault
+            eager = (
+                f"outside jax.jit the same slice raises a {type(err).__name__}, because eagerly "
+                "JAX slices a sharded array with a gather, whose sharding it will not guess"
+            )
     for name in sorted(moving - moves_data):
         need(
             False,
@@ -459,7 +468,7 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
         )
     return (
         "x.T is free, while the concatenation and the slice keep the spec of x in their type "
-        "yet move data."
+        f"yet move data; {eager}."
     )
 
 
