@@ -12,13 +12,53 @@ to ``Loader`` as ``build``.
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from book import validate
 from book.errors import ReaderError
+
+# An epoch's order is one permutation held in memory: 2**27 example numbers take 1 GiB.
+MAX_EXAMPLES = 2**27
+MAX_SEED = 2**63 - 1
+_KINDS = "biufc"  # booleans, integers, floats and complex numbers: what a jax.Array can hold
+
+
+def _folder(folder, what: str) -> Path:
+    if not isinstance(folder, (str, os.PathLike)) or not str(folder).strip():
+        raise ReaderError(f"{what} must be a folder path, not {validate.describe(folder)}.")
+    return Path(folder)
+
+
+def _check_field(name: str, values: np.ndarray, where: str) -> None:
+    """A field the loader can serve: numbers, one row per example, at least one example."""
+    if values.dtype.name == "bfloat16":
+        raise ReaderError(
+            f"Field {name!r}{where} is bfloat16, which a .npy file cannot store (it reads back "
+            "as raw bytes); write it as float32 and cast each built batch to bfloat16."
+        )
+    if values.dtype.kind not in _KINDS:
+        raise ReaderError(
+            f"Field {name!r}{where} holds {values.dtype} values, which a jax.Array cannot hold; "
+            "store numbers (integers, floats or booleans)."
+        )
+    if values.ndim == 0:
+        raise ReaderError(
+            f"Field {name!r}{where} is a single value (a 0-d array); store one row per "
+            "example, as an array of at least one dimension."
+        )
+    if len(values) == 0:
+        raise ReaderError(f"Field {name!r}{where} has no examples; store at least one row.")
+    if len(values) > MAX_EXAMPLES:
+        raise ReaderError(
+            f"Field {name!r}{where} has {len(values):,} examples, more than one epoch's order "
+            f"can hold in memory here; use at most {MAX_EXAMPLES:,}."
+        )
 
 
 class Source:
@@ -30,11 +70,20 @@ class Source:
     """
 
     def __init__(self, folder):
-        self.folder = Path(folder)
-        paths = sorted(self.folder.glob("*.npy"))
+        self.folder = _folder(folder, "The source")
+        paths = sorted(self.folder.glob("*.npy")) if self.folder.is_dir() else []
         if not paths:
             raise ReaderError(f"There are no .npy files in {self.folder}; write the data first.")
-        self.fields = {p.stem: np.load(p, mmap_mode="r") for p in paths}
+        self.fields = {}
+        for path in paths:
+            try:
+                self.fields[path.stem] = np.load(path, mmap_mode="r")
+            except Exception as err:
+                raise ReaderError(
+                    f"{path.name} in {self.folder} is not a readable .npy file of numbers "
+                    f"({type(err).__name__}); write it again with book.data.write."
+                ) from None
+            _check_field(path.stem, self.fields[path.stem], f" in {self.folder}")
         sizes = {len(a) for a in self.fields.values()}
         if len(sizes) != 1:
             raise ReaderError(
@@ -56,11 +105,33 @@ class Source:
 
 
 def write(folder, **fields) -> Source:
-    """Save each field as ``folder/<name>.npy`` and open them as a ``Source``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Save each field as ``folder/<name>.npy`` and open them as a ``Source``.
+
+    Every field is checked before anything is written, so a refused field leaves no files.
+    """
+    folder = _folder(folder, "The folder")
+    if not fields:
+        raise ReaderError("Give write at least one field, such as x=values.")
+    arrays = {}
     for name, values in fields.items():
-        np.save(folder / f"{name}.npy", np.asarray(values))
+        validate.name(name, "Each field's name")
+        try:
+            arrays[name] = np.asarray(values)
+        except Exception:
+            raise ReaderError(
+                f"Field {name!r} cannot be read as an array: pass a NumPy array of numbers, not "
+                f"{validate.describe(values)}."
+            ) from None
+        _check_field(name, arrays[name], "")
+    sizes = {len(a) for a in arrays.values()}
+    if len(sizes) != 1:
+        raise ReaderError(
+            f"The fields have different numbers of rows ({sorted(sizes)}); give every field "
+            "one row per example."
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, values in arrays.items():
+        np.save(folder / f"{name}.npy", values)
     return Source(folder)
 
 
@@ -70,7 +141,40 @@ def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     Every process computes the same order from the same two numbers, so processes agree on the
     batches without talking to each other, and a restarted run repeats its epochs exactly.
     """
+    num_examples = validate.whole(
+        num_examples,
+        "The number of examples",
+        high=MAX_EXAMPLES,
+        too_large="more than one epoch's order can hold in memory here",
+    )
+    seed = _seed(seed)
+    epoch = validate.whole(epoch, "The epoch", low=0, high=MAX_SEED, example=0)
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+def _seed(seed) -> int:
+    if seed is None:
+        raise ReaderError(
+            "seed must be a whole number such as 0, not None: None would shuffle differently "
+            "in every run and in every process."
+        )
+    return validate.whole(seed, "seed", low=0, high=MAX_SEED, example=0)
+
+
+def _rows(rows, num_examples: int) -> np.ndarray:
+    """Example numbers: a 1-D array of whole numbers, each below ``num_examples``."""
+    try:
+        rows = np.asarray(rows)
+    except Exception:
+        rows = None
+    if rows is None or rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iu"):
+        raise ReaderError("rows must be a 1-D array of example numbers, such as [3, 0, 7].")
+    if rows.size and (rows.min() < 0 or rows.max() >= num_examples):
+        raise ReaderError(
+            f"rows must be example numbers from 0 to {num_examples - 1}, but they run from "
+            f"{rows.min()} to {rows.max()}."
+        )
+    return rows.astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -80,6 +184,18 @@ class Batch:
     source: Source
     field: str
     rows: np.ndarray
+
+    def __post_init__(self):
+        if not isinstance(self.source, Source):
+            raise ReaderError(
+                f"A Batch reads from a book.data.Source, not {validate.describe(self.source)}."
+            )
+        if not isinstance(self.field, str) or self.field not in self.source.fields:
+            raise ReaderError(
+                f"{validate.describe(self.field)} is not a field of the source; use one of "
+                f"{', '.join(map(repr, self.source.fields))}."
+            )
+        object.__setattr__(self, "rows", _rows(self.rows, self.source.num_examples))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -95,6 +211,15 @@ class Batch:
         This is the shape of index that ``jax.make_array_from_callback`` passes; only the rows
         its first slice selects are read.
         """
+        if not isinstance(index, (tuple, list)) or not all(isinstance(i, slice) for i in index):
+            raise ReaderError(
+                "index must be a tuple of slices, one per dimension, as "
+                f"jax.make_array_from_callback passes it, not {validate.describe(index)}."
+            )
+        if len(index) > len(self.shape):
+            raise ReaderError(
+                f"index has {len(index)} slices but the batch has {len(self.shape)} dimensions."
+            )
         index = tuple(index)
         first = index[0] if index else slice(None)
         values = self.source.read(self.field, self.rows[first])
@@ -109,6 +234,13 @@ def process_slice(sharding, shape) -> slice:
     refuses; ``jax.make_array_from_process_local_data`` itself takes such blocks concatenated
     in global order.
     """
+    shape = validate.sizes(shape, "The batch shape")
+    if not shape:
+        raise ReaderError("The batch shape must have a batch dimension, such as (64, 16).")
+    if not hasattr(sharding, "addressable_devices_indices_map"):
+        raise ReaderError(
+            f"sharding must be a jax.sharding.Sharding, not {validate.describe(sharding)}."
+        )
     n = shape[0]
     index_map = sharding.addressable_devices_indices_map(tuple(shape))
     spans = sorted({index[0].indices(n)[:2] if index else (0, n) for index in index_map.values()})
@@ -142,9 +274,21 @@ class Loader:
         build: Build,
         seed: int = 0,
     ):
+        if not isinstance(source, Source):
+            raise ReaderError(
+                f"source must be a book.data.Source, such as book.data.write returns, not "
+                f"{validate.describe(source)}."
+            )
         n = source.num_examples
-        if not isinstance(global_batch, int) or global_batch < 1:
-            raise ReaderError(f"global_batch must be a positive whole number, not {global_batch}.")
+        global_batch = validate.whole(global_batch, "global_batch", example=64)
+        if global_batch > n:
+            raise ReaderError(
+                f"A global batch of {global_batch} is larger than the {n} examples there are; "
+                "choose a batch size that divides the number of examples."
+            )
+        validate.callable_(build, "build")
+        seed = _seed(seed)
+        _check_shardings(source, global_batch, sharding)
         if n % global_batch:
             raise ReaderError(
                 f"{n} examples do not split into batches of {global_batch}, so some would be "
@@ -163,6 +307,7 @@ class Loader:
 
     def batch_rows(self, epoch: int) -> np.ndarray:
         """The example numbers of every batch of ``epoch``, one row per step."""
+        epoch = validate.whole(epoch, "The epoch", low=0, high=MAX_SEED, example=0)
         order = epoch_order(self.source.num_examples, self.seed, epoch)
         rows = order.reshape(self.steps_per_epoch, self.global_batch)
         check_epoch(rows, self.source.num_examples)
@@ -174,6 +319,12 @@ class Loader:
             yield self.build_batch(rows)
 
     def build_batch(self, rows) -> dict:
+        """``{field: jax.Array}`` for the examples numbered ``rows``, built by ``build``."""
+        rows = _rows(rows, self.source.num_examples)
+        if len(rows) != self.global_batch:
+            raise ReaderError(
+                f"A batch of this loader holds {self.global_batch} rows, not {len(rows)}."
+            )
         sharding = self.sharding
         out = {}
         for field in self.source.fields:
@@ -185,16 +336,84 @@ class Loader:
         return self.steps_per_epoch
 
 
+def _check_shardings(source: Source, global_batch: int, sharding) -> None:
+    """Every field's batch must split over its sharding, or the first step would fail."""
+    from jax.sharding import Sharding
+
+    if isinstance(sharding, Mapping):
+        missing = [f for f in source.fields if f not in sharding]
+        if missing:
+            raise ReaderError(
+                f"The shardings name no sharding for field {missing[0]!r}; give one for every "
+                f"field: {', '.join(map(repr, source.fields))}."
+            )
+    for field, values in source.fields.items():
+        s = sharding[field] if isinstance(sharding, Mapping) else sharding
+        if not isinstance(s, Sharding):
+            raise ReaderError(
+                f"The sharding for field {field!r} must be a jax.sharding.Sharding such as "
+                f"NamedSharding(mesh, P('data')), not {validate.describe(s)}."
+            )
+        _check_split(field, (global_batch, *values.shape[1:]), s)
+
+
+def _check_split(field: str, shape: tuple[int, ...], sharding) -> None:
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is not None and mesh is not None:
+        if len(spec) > len(shape):
+            raise ReaderError(
+                f"The sharding of field {field!r} has {len(spec)} entries but its batches have "
+                f"{len(shape)} dimensions, {shape}; give at most {len(shape)} entries."
+            )
+        sizes = dict(mesh.shape)
+        for dim, entry in enumerate(spec):
+            names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+            ways = math.prod(sizes.get(n, 1) for n in names)
+            if shape[dim] % ways == 0:
+                continue
+            if dim == 0:
+                raise ReaderError(
+                    f"A global batch of {shape[0]} rows does not split over the {ways} devices "
+                    f"that {spec} spreads the batch across; choose a global batch divisible "
+                    f"by {ways}."
+                )
+            raise ReaderError(
+                f"Dimension {dim} of field {field!r} has size {shape[dim]}, which the {ways} "
+                f"devices of its sharding cannot split evenly; shard that field differently."
+            )
+    try:
+        sharding.shard_shape(shape)
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ReaderError(
+            f"The sharding of field {field!r} cannot hold a batch of shape {shape}: "
+            f"{first[:160].rstrip('.')}."
+        ) from None
+
+
 def check_epoch(ids, num_examples: int) -> None:
-    """Raise ``AssertionError`` unless ``ids`` holds every example number exactly once."""
-    ids = np.asarray(ids).ravel()
-    counts = np.bincount(ids, minlength=num_examples)
-    missing = np.flatnonzero(counts == 0)
-    repeated = np.flatnonzero(counts > 1)
-    if len(ids) != num_examples or len(missing) or len(repeated):
+    """Raise ``AssertionError`` unless ``ids`` holds every example number exactly once.
+
+    Only numbers from 0 to ``num_examples - 1`` are example numbers: any other id is counted
+    as such, never as an example seen.
+    """
+    num_examples = validate.whole(num_examples, "The number of examples", high=MAX_EXAMPLES)
+    try:
+        ids = np.asarray(ids).ravel()
+    except Exception:
+        ids = None
+    if ids is None or (ids.size and ids.dtype.kind not in "iu"):
+        raise ReaderError("ids must be an array of example numbers (whole numbers).")
+    inside = ids[(ids >= 0) & (ids < num_examples)].astype(np.int64)
+    counts = np.bincount(inside, minlength=num_examples)
+    missing = int(np.count_nonzero(counts == 0))
+    repeated = int(np.count_nonzero(counts > 1))
+    outside = len(ids) - len(inside)
+    if len(ids) != num_examples or missing or repeated or outside:
+        strays = f", and {outside} ids are not example numbers 0 to {num_examples - 1}"
         raise AssertionError(
             f"an epoch should see each of {num_examples} examples once; it saw {len(ids)} "
-            f"rows, missed {len(missing)} examples and repeated {len(repeated)}"
+            f"rows, missed {missing} examples and repeated {repeated}" + (strays if outside else "")
         )
 
 
@@ -204,6 +423,9 @@ def local_values(x) -> np.ndarray:
     Read from ``addressable_shards``, so it works on arrays that span other processes' devices
     too; replicated copies of the same rows count once.
     """
+    validate.array(x, "local_values's argument")
+    if x.ndim == 0:
+        raise ReaderError("local_values needs an array with a batch dimension, not a 0-d array.")
     pieces = {}
     for shard in x.addressable_shards:
         start = shard.index[0].indices(x.shape[0])[0] if shard.index else 0

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from book import validate
 from book.errors import ReaderError
 
 _TPU_ENV_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID")
@@ -27,6 +28,9 @@ _PROBE = "import jax; print(jax.default_backend(), jax.device_count())"
 # The oldest and the newest jax every chapter was executed with (pyproject's floor and
 # requirements.txt's pin; a test keeps the three in step).
 TESTED_JAX = ("0.10.0", "0.12.0.1")
+# Mock CPU devices share this machine's cores and memory: 512 start in about a second, 4096 take
+# a quarter of a minute and over a gigabyte before any work.
+MAX_MOCK_DEVICES = 512
 
 
 class SetupError(ReaderError, RuntimeError):
@@ -152,8 +156,14 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
     raises ``SetupError`` with one sentence: restart the kernel.
     """
     global _plan
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise SetupError(f"setup needs a positive whole number of devices, not {n!r}.")
+    n = validate.whole(
+        n,
+        "The number of devices for setup",
+        high=validate.MAX_DEVICES,
+        too_large="more devices than any machine JAX runs on has",
+        error=SetupError,
+    )
+    validate.callable_(detect, "detect", error=SetupError)
     if _plan is not None:
         if n != _plan.requested:
             raise SetupError(
@@ -165,6 +175,11 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
     import jax
 
     plan = choose(n, detect())
+    if plan.mock and n > MAX_MOCK_DEVICES:
+        raise SetupError(
+            f"Without {n} accelerators the book runs on mock CPU devices, and {n} of them would "
+            f"only crowd this machine; ask for at most {MAX_MOCK_DEVICES}."
+        )
     try:
         jax.config.update("jax_num_cpu_devices", n)
         if plan.mock:

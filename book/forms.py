@@ -15,15 +15,19 @@ import re
 
 import numpy as np
 
-from book import specs, static_forms, viz
+from book import specs, static_forms, validate, viz
 
 AXIS_TYPES = ("Explicit", "Auto")
 DEFAULT_NAMES = {1: "data", 2: "data, model", 3: "pipe, data, model"}
 MAX_ELEMENTS = 4096
+STATIC_RANK = 3  # every spec of every dimension is pre-rendered: 10 choices per dimension
 
 
 def mesh_shapes(device_count: int) -> list[tuple[int, ...]]:
     """Mesh shapes that use every device: 1D, all 2D splits, and 3D splits without 1s."""
+    device_count = validate.whole(
+        device_count, "The device count", high=validate.MAX_DEVICES, error=specs.SpecError
+    )
     shapes = [(device_count,)]
     divisors = [d for d in range(1, device_count + 1) if device_count % d == 0]
     shapes += [(a, device_count // a) for a in divisors]
@@ -36,7 +40,16 @@ def mesh_shapes(device_count: int) -> list[tuple[int, ...]]:
 
 def spec_choices(axis_names) -> list[str]:
     """What one array dimension can be sharded over: nothing, one axis, or two axes together."""
-    names = list(axis_names)
+    if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
+        raise specs.SpecError(
+            "The axis names must be a tuple of names such as ('data', 'model'), not "
+            f"{validate.describe(axis_names)}."
+        )
+    if len(axis_names) > validate.MAX_AXES:
+        raise specs.SpecError(
+            f"There are {len(axis_names)} axis names; use at most {validate.MAX_AXES}."
+        )
+    names = [validate.name(n, "Each axis name", error=specs.SpecError) for n in axis_names]
     choices = ["None"] + [repr(n) for n in names]
     choices += [f"({a!r}, {b!r})" for a, b in itertools.permutations(names, 2)]
     return choices
@@ -72,8 +85,8 @@ def render_sharding(
         mesh_sizes = specs.parse_mesh_shape(mesh_shape)
         names = specs.parse_axis_names(axis_names)
         partition = specs.parse_partition_spec(spec)
-        if axis_type not in AXIS_TYPES:
-            raise specs.SpecError(f"Pick an axis type among {', '.join(AXIS_TYPES)}.")
+        axis_type = validate.choice(axis_type, AXIS_TYPES, "an axis type", error=specs.SpecError)
+        show_ids = validate.flag(show_ids, "show_ids", error=specs.SpecError)
         if math.prod(shape) > MAX_ELEMENTS:
             raise specs.SpecError(
                 f"The array has {math.prod(shape):,} elements; keep it under {MAX_ELEMENTS:,} "
@@ -84,10 +97,23 @@ def render_sharding(
         specs.check_sharding(shape, mesh, partition)
     except specs.SpecError as err:
         return viz.error_html(str(err))
-    values = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
-    x = jax.device_put(values, NamedSharding(mesh, partition))
+    try:
+        values = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
+        x = jax.device_put(values, NamedSharding(mesh, partition))
+    except Exception as err:  # a refusal the checks above did not foresee is still one sentence
+        return viz.error_html(f"JAX cannot place this array: {_first_sentence(err)}.")
     title = f"{tuple(shape)} sharded as {_spec_repr(partition)}"
     return viz.shard_table(x, show_ids=show_ids, title=title).html
+
+
+def _first_sentence(err) -> str:
+    """The first sentence of an exception's message, short, for a form to show."""
+    try:
+        text = str(err).strip()
+    except Exception:
+        text = ""
+    first = text.splitlines()[0] if text else type(err).__name__
+    return first.split(". ")[0].rstrip(".")[:200]
 
 
 def _spec_repr(partition) -> str:
@@ -102,7 +128,18 @@ def static_sharding_explorer(array_shape: str = "(8, 4)") -> str:
     """
     import jax
 
-    rank = len(specs.parse_shape(array_shape))
+    shape = specs.parse_shape(array_shape)
+    rank = len(shape)
+    if rank > STATIC_RANK:
+        raise specs.SpecError(
+            f"The page pre-renders every spec for arrays of rank at most {STATIC_RANK}, and "
+            f"{array_shape.strip()} has rank {rank}; type it into the live form instead."
+        )
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise specs.SpecError(
+            f"The array has {math.prod(shape):,} elements; keep it under {MAX_ELEMENTS:,} so "
+            "every value fits on the page."
+        )
 
     def dims(mesh_text):
         names = specs.parse_axis_names(DEFAULT_NAMES[len(specs.parse_mesh_shape(mesh_text))])
@@ -224,6 +261,12 @@ def strategy_mesh_choices(strategy: str, device_count: int) -> list[str]:
     One axis for DP, FSDP and TP; for DP x TP, every ``data x model`` split of all devices
     with both axes at least 2. The largest mesh comes first, so it is what a form shows first.
     """
+    strategy = validate.choice(
+        strategy, list(STRATEGY_EXPLAINED), "a strategy", error=specs.SpecError
+    )
+    device_count = validate.whole(
+        device_count, "The device count", high=validate.MAX_DEVICES, error=specs.SpecError
+    )
     sizes = [2**k for k in range(device_count.bit_length() - 1, 0, -1)]
     if strategy == "DP x TP":
         return [f"{a}x{device_count // a}" for a in sizes if 2 <= device_count // a]
@@ -231,15 +274,15 @@ def strategy_mesh_choices(strategy: str, device_count: int) -> list[str]:
 
 
 def _whole_number(value, name: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise specs.SpecError(f"The {name} must be a positive whole number, not {value!r}.")
-    if value > MAX_MODEL_SIZE:
-        raise specs.SpecError(
-            f"The {name} {value:,} is too large; keep it at most {MAX_MODEL_SIZE:,}."
-        )
-    return value
+    return validate.whole(
+        value,
+        f"The {name} size",
+        high=MAX_MODEL_SIZE,
+        text=True,
+        example=STRATEGY_SIZES[name],
+        too_large="more than a form can compile in reasonable time",
+        error=specs.SpecError,
+    )
 
 
 def check_strategy(strategy, mesh_shape, batch, features, hidden, classes):
@@ -248,10 +291,9 @@ def check_strategy(strategy, mesh_shape, batch, features, hidden, classes):
 
     from book import models
 
-    if strategy not in STRATEGY_EXPLAINED:
-        raise specs.SpecError(
-            f"{strategy!r} is not a strategy here; pick one of DP, FSDP, TP or DP x TP."
-        )
+    strategy = validate.choice(
+        strategy, list(STRATEGY_EXPLAINED), "a strategy", error=specs.SpecError
+    )
     shape = specs.parse_mesh_shape(mesh_shape)
     sizes = models.Sizes(
         *(_whole_number(v, n) for v, n in zip((batch, features, hidden, classes), STRATEGY_SIZES))
@@ -307,8 +349,7 @@ def render_strategy(
     try:
         analysis = strategies.analyze(strategy, shape, sizes)
     except Exception as err:  # a compiler failure is shown, not raised, like any bad choice
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return viz.error_html(f"The compiler could not build this step: {first}")
+        return viz.error_html(f"The compiler could not build this step: {_first_sentence(err)}.")
     return _strategy_html(analysis)
 
 
@@ -445,7 +486,7 @@ def _strategy_widget():
 COLLECTIVES = ("psum", "pmean", "all_gather", "psum_scatter", "ppermute", "all_to_all")
 MAX_BLOCK = 64
 _FIT_SVG = '<svg style="max-width:100%;height:auto"'  # shrink to the page, keep proportions
-_PAIR = re.compile(r"\(\s*(-?\d+)\s*,\s*(-?\d+)\s*\)")
+_PAIR = re.compile(r"\(\s*(-?[0-9]{1,9})\s*,\s*(-?[0-9]{1,9})\s*\)", re.ASCII)
 
 
 def block_values(device_id: int, block: tuple[int, ...]) -> np.ndarray:
@@ -455,7 +496,13 @@ def block_values(device_id: int, block: tuple[int, ...]) -> np.ndarray:
     ... Every value is distinct and non-zero, so each output value names where it came from,
     and the zeros ``ppermute`` writes where nobody sends stand out.
     """
+    device_id = validate.whole(
+        device_id, "The device id", low=0, high=validate.MAX_DEVICES, error=specs.SpecError
+    )
+    block = validate.sizes(block, "The block shape", error=specs.SpecError)
     size = math.prod(block)
+    if size > MAX_BLOCK:
+        raise specs.SpecError(f"The block has {size:,} values; keep it at most {MAX_BLOCK}.")
     step = 10 ** len(str(max(size - 1, 0)))
     return (10 * step + device_id * step + np.arange(size, dtype=np.int32)).reshape(block)
 
@@ -466,6 +513,7 @@ def parse_perm(text: str, size: int) -> tuple[tuple[int, int], ...]:
     Indices are positions along the axis. Raises ``SpecError`` unless every index is on the
     axis and no position sends or receives twice.
     """
+    size = validate.whole(size, "The axis size", high=validate.MAX_DEVICES, error=specs.SpecError)
     if not isinstance(text, str) or len(text) > specs.MAX_TEXT:
         raise specs.SpecError(
             f"Type the permutation as shift, ring, or pairs such as (0, 1), (1, 0), in under "
@@ -502,11 +550,14 @@ def parse_perm(text: str, size: int) -> tuple[tuple[int, int], ...]:
 
 
 def _dimension(value, name: str) -> int:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise specs.SpecError(f"The {name} must be a whole number such as 0, not {value!r}.")
-    return value
+    return validate.whole(
+        value,
+        f"The {name}",
+        low=-validate.MAX_SIZE,
+        text=True,
+        example=0,
+        error=specs.SpecError,
+    )
 
 
 def _check_dim(dim: int, rank: int, what: str, allowed: int) -> None:
@@ -537,19 +588,16 @@ def check_collective(
     """A valid choice of the collective explorer, normalised, or ``SpecError`` in one sentence."""
     import jax
 
-    if collective not in COLLECTIVES:
-        raise specs.SpecError(
-            f"{collective!r} is not a collective here; pick one of {', '.join(COLLECTIVES)}."
-        )
+    collective = validate.choice(collective, COLLECTIVES, "a collective", error=specs.SpecError)
     sizes = specs.parse_mesh_shape(mesh_shape)
     if axis_names is None:
         axis_names = DEFAULT_NAMES.get(len(sizes), ", ".join(f"a{k}" for k in range(len(sizes))))
     names = specs.parse_axis_names(axis_names)
     specs.check_mesh(sizes, names, jax.device_count())
-    if axis not in names:
+    if not isinstance(axis, str) or axis not in names:
         raise specs.SpecError(
-            f"Axis {axis!r} is not in the mesh, whose axes are {specs._names_text(names)}; "
-            "use one of those names."
+            f"Axis {validate.describe(axis)} is not in the mesh, whose axes are "
+            f"{specs._names_text(names)}; use one of those names."
         )
     n = sizes[names.index(axis)]
     block = specs.parse_shape(block_shape)
@@ -560,7 +608,7 @@ def check_collective(
         )
     dim = _dimension(dimension, "dimension")
     concat = _dimension(concat_dimension, "concat dimension")
-    tiled = bool(tiled)
+    tiled = validate.flag(tiled, "tiled", error=specs.SpecError)
     pairs = ()
     rank = len(block)
     if collective == "all_gather":
@@ -664,9 +712,13 @@ def render_collective(
             tiled,
             perm,
         )
+        diagram = validate.flag(diagram, "diagram", error=specs.SpecError)
     except specs.SpecError as err:
         return viz.error_html(str(err))
-    return _render_choice(choice, bool(diagram))
+    try:
+        return _render_choice(choice, diagram)
+    except Exception as err:  # a refusal the checks above did not foresee is still one sentence
+        return viz.error_html(f"JAX cannot run this choice: {_first_sentence(err)}.")
 
 
 @functools.lru_cache(maxsize=512)

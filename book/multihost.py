@@ -11,38 +11,125 @@ interrupted in the middle of it.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
+from book import validate
 from book.errors import ReaderError
 
 TAIL_LINES = 20
+TAIL_LINE_CHARS = 300  # a longer line of a log is cut in an error message
+OUTPUT_BYTES = 256 * 1024  # what is kept of each worker's output: its tail
+LOG_BYTES = 64 * 2**20  # a worker that writes more is stopped, before it fills the disk
+MAX_DEVICES_PER_PROCESS = 64
 _POLL_SECONDS = 0.02
+_SCAN_SECONDS = 0.25  # how often the workers' descendants are looked up while they run
+_FOLDER_PREFIX = "book-multihost-"
+_PORT_CLASH = re.compile(r"Address already in use|EADDRINUSE|Failed to add port", re.IGNORECASE)
 
-# Every worker starts through this shim, which then runs the script as ``__main__``. On Linux it
-# first asks the kernel to kill the worker when the process that launched it dies
-# (PR_SET_PDEATHSIG), so even a kernel killed outright, where no Python cleanup runs, leaves no
-# worker behind. And a worker that raises exits at once: a normal exit would first wait in
-# jax.distributed's shutdown barrier for peers that are themselves waiting for it. Native code
-# writes to stdout too: Gloo announces every connection it makes there, from several threads at
-# once, their words interleaved mid-line. So the shim points file descriptor 1, where native code
-# writes, at a log of its own, and gives Python's sys.stdout the worker's output file.
+# Every worker starts through this shim, which then runs the script as ``__main__``.
+#
+# On Linux the worker becomes a "child subreaper": a process it starts, and anything that one
+# starts, stays below the worker even when its own parent exits or it moves to a session of its
+# own, so the worker (and the launcher, looking at the worker's descendants) can always find and
+# end them. The shim ends them itself when the script finishes, however it finishes.
+#
+# The kernel tells the worker when the launching process dies (PR_SET_PDEATHSIG, here SIGHUP),
+# even a kernel killed outright where no Python cleanup runs. The signal's number reaches a pipe
+# (signal.set_wakeup_fd) that a watcher thread reads, so the worker acts on it even while its
+# main thread waits in native code: it ends its descendants, removes the launch's folder and
+# exits. The watcher also checks every half second that the launcher is still its parent.
+#
+# A worker that raises exits at once: a normal exit would first wait in jax.distributed's
+# shutdown barrier for peers that are themselves waiting for it. Native code writes to stdout
+# too: Gloo announces every connection it makes there, from several threads at once, their words
+# interleaved mid-line. So the shim points file descriptor 1, where native code writes, at a log
+# of its own, and gives Python's sys.stdout the worker's output file.
 _SHIM = """\
-import io, os, runpy, signal, sys, traceback
+import io, os, runpy, select, shutil, signal, sys, threading, traceback
+parent, folder, native, script, *args = sys.argv[1:]
+parent = int(parent)
+
+
+def _descendants(root):
+    children = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/" + name + "/stat", "rb") as f:
+                fields = f.read().decode("ascii", "replace").rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _end_descendants():
+    for _ in range(5):
+        pids = _descendants(os.getpid())
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _launcher_gone():
+    _end_descendants()
+    shutil.rmtree(folder, ignore_errors=True)
+    os._exit(1)
+
+
+def _watch(wake):
+    while True:
+        ready, _, _ = select.select([wake], [], [], 0.5)
+        if os.getppid() != parent:
+            _launcher_gone()
+        if ready and signal.SIGHUP in os.read(wake, 64):
+            if os.getppid() != parent:
+                _launcher_gone()
+            _end_descendants()
+            os._exit(1)
+
+
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+wake, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.signal(signal.SIGHUP, lambda *_: None)
+signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+threading.Thread(target=_watch, args=(wake,), daemon=True).start()
 if sys.platform.startswith("linux"):
     import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-parent, native, script, *args = sys.argv[1:]
-if os.getppid() != int(parent):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    libc.prctl(1, signal.SIGHUP)  # PR_SET_PDEATHSIG
+if os.getppid() != parent:
     sys.exit("launch: the launching process is gone")
 python_out = os.dup(1)
 log = os.open(native, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -60,10 +147,11 @@ try:
     runpy.run_path(script, run_name="__main__")
 except SystemExit as stop:
     if stop.code in (None, 0):
-        raise
-    if not isinstance(stop.code, int):
-        print(stop.code, file=sys.stderr)
-    code = stop.code if isinstance(stop.code, int) else 1
+        code = 0
+    else:
+        if not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+        code = stop.code if isinstance(stop.code, int) else 1
 except BaseException as error:
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
@@ -72,6 +160,7 @@ except BaseException as error:
     code = 1
 else:
     code = 0
+_end_descendants()
 sys.stdout.flush()
 sys.stderr.flush()
 if code:
@@ -130,13 +219,15 @@ class Outputs(list):
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that no one is listening on right now.
+    """A TCP port that no one is listening on right now, on any of this machine's addresses.
 
     The operating system picks it, so two launches at the same time (parallel tests, two
-    notebooks) do not collide on a fixed port.
+    notebooks) do not collide on a fixed port. JAX's coordinator listens on every address, so
+    the port is chosen free on every address too. Another program can still take it before the
+    coordinator starts; ``launch`` names that when it happens.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
@@ -156,6 +247,19 @@ def worker_env(
     this ``book`` package was imported from leads ``PYTHONPATH``, so workers import the same
     package as the notebook, even one taken from a clone rather than installed.
     """
+    process_id = validate.whole(process_id, "process_id", low=0, high=validate.MAX_SIZE, example=0)
+    num_processes = validate.whole(num_processes, "num_processes", example=2)
+    if process_id >= num_processes:
+        raise ReaderError(
+            f"process_id {process_id} is not one of the {num_processes} processes, numbered 0 "
+            f"to {num_processes - 1}."
+        )
+    devices_per_process = validate.whole(
+        devices_per_process, "devices_per_process", high=MAX_DEVICES_PER_PROCESS, example=4
+    )
+    coordinator = validate.text(coordinator, "the coordinator address", example="'127.0.0.1:1234'")
+    if base is not None and not isinstance(base, Mapping):
+        raise ReaderError(f"base must be a mapping of variables, not {validate.describe(base)}.")
     env = dict(os.environ if base is None else base)
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -174,45 +278,237 @@ def worker_env(
 
 
 def tail(text: str, lines: int = TAIL_LINES) -> str:
-    """The last ``lines`` lines of ``text``, indented, for an error message."""
-    kept = text.rstrip().splitlines()[-lines:]
-    return "\n".join(f"    {line}" for line in kept) or "    (the log is empty)"
+    """The last ``lines`` lines of ``text``, indented, each cut at ``TAIL_LINE_CHARS``."""
+    text = validate.text(text, "the log", example="'...'", limit=2**31, empty=True)
+    lines = validate.whole(lines, "lines", high=10_000, example=TAIL_LINES)
+    kept = []
+    for line in text.rstrip().splitlines()[-lines:]:
+        if len(line) > TAIL_LINE_CHARS:
+            line = f"{line[:TAIL_LINE_CHARS]} … ({len(line) - TAIL_LINE_CHARS:,} more characters)"
+        kept.append(f"    {line}")
+    return "\n".join(kept) or "    (the log is empty)"
 
 
-def _check_arguments(script, num_processes, devices_per_process, timeout) -> Path:
+def _check_script(script) -> Path:
+    if not isinstance(script, (str, os.PathLike)) or not str(script).strip():
+        raise ReaderError(
+            f"script must be a path to a Python file, not {validate.describe(script)}."
+        )
+    if "\0" in str(script):
+        raise ReaderError("The script's path holds a NUL character; check the path you passed.")
     path = Path(script).expanduser().resolve()
     if not path.is_file():
         raise ReaderError(f"There is no worker script at {path}; check the path you passed.")
-    for name, value in (
-        ("num_processes", num_processes),
-        ("devices_per_process", devices_per_process),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ReaderError(f"{name} must be a positive whole number, not {value!r}.")
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ReaderError(f"timeout must be a positive number of seconds, not {timeout!r}.")
     return path
 
 
-def _command(path: Path, args: Sequence, native: Path) -> list[str]:
+def _check_args(args) -> list[str]:
+    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
+        raise ReaderError(
+            f"args must be a list or tuple of arguments, such as ['data', 3], not "
+            f"{validate.describe(args)}."
+        )
+    out = []
+    for arg in args:
+        if isinstance(arg, bool) or not isinstance(
+            arg, (str, int, float, os.PathLike, np.integer, np.floating)
+        ):
+            raise ReaderError(
+                f"Each argument must be a text, a number or a path, not {validate.describe(arg)}."
+            )
+        if isinstance(arg, (int, np.integer)):
+            if int(arg).bit_length() > 64:
+                raise ReaderError("An argument is a number too large for a command line.")
+            text = str(int(arg))
+        else:
+            text = str(arg)
+        if "\0" in text:
+            raise ReaderError("An argument holds a NUL character, which no command line can carry.")
+        out.append(text)
+    if sum(len(a) for a in out) > 100_000:
+        raise ReaderError(
+            "The arguments are too long for a command line; pass a file path instead."
+        )
+    return out
+
+
+def _check_env(env, n: int) -> list[dict[str, str | None]]:
+    """Each worker's extra variables, read and checked before any worker starts."""
+    if env is not None and not callable(env) and not isinstance(env, Mapping):
+        raise ReaderError(
+            "env must be a mapping of variables, or a function of the process index giving "
+            f"one, not {validate.describe(env)}."
+        )
+    extras = []
+    for i in range(n):
+        if callable(env):
+            try:
+                extra = env(i)
+            except Exception as err:
+                raise ReaderError(
+                    f"env({i}) raised {type(err).__name__}; make it return a mapping of "
+                    "variables for every process index."
+                ) from None
+        else:
+            extra = env or {}
+        if not isinstance(extra, Mapping):
+            raise ReaderError(
+                f"env({i}) gave {validate.describe(extra)}; return a mapping of variables."
+            )
+        checked = {}
+        for key, value in extra.items():
+            if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+                raise ReaderError(
+                    f"{validate.describe(key)} is not a variable name; use names such as "
+                    "'SLURM_PROCID'."
+                )
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (str, int, float, os.PathLike))
+            ):
+                raise ReaderError(
+                    f"The variable {key!r} is set to {validate.describe(value)}; give a text, "
+                    "a number, or None to remove it."
+                )
+            if value is not None and "\0" in str(value):
+                raise ReaderError(f"The variable {key!r} holds a NUL character; remove it.")
+            checked[key] = None if value is None else str(value)
+        extras.append(checked)
+    return extras
+
+
+def _command(path: Path, args: Sequence[str], folder: Path, native: Path) -> list[str]:
     """The worker's command line: the shim, then the script; ``native`` logs native stdout."""
-    return [sys.executable, "-c", _SHIM, str(os.getpid()), str(native), str(path), *map(str, args)]
+    shim = [sys.executable, "-c", _SHIM, str(os.getpid()), str(folder), str(native)]
+    return [*shim, str(path), *args]
 
 
-def _kill(procs: list[subprocess.Popen]) -> None:
-    """Kill every worker's whole process group, then reap the workers.
+# The process tree below the workers, read from /proc on Linux. Elsewhere only process groups
+# are known, so a grandchild that starts a session of its own can outlive a launch there.
 
-    Each worker leads its own process group, so this also ends anything a worker started.
-    Signals go out before any waiting, so an interrupt during the wait still leaves every
-    worker killed.
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """A process's parent and start time (in clock ticks since boot), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().decode("ascii", "replace").rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return children
+    for name in names:
+        if name.isdigit():
+            info = _stat(int(name))
+            if info is not None:
+                children.setdefault(info[0], []).append(int(name))
+    return children
+
+
+def _below(roots) -> dict[int, int]:
+    """Every process below ``roots``, with its start time, so a reused pid is never mistaken."""
+    children, found, todo = _children(), {}, list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            info = _stat(child)
+            if info is not None and child not in found:
+                found[child] = info[1]
+                todo.append(child)
+    return found
+
+
+def _mentioning(folder: Path) -> list[int]:
+    """Processes whose command line names ``folder``: workers, even one whose Popen was cut."""
+    needle = str(folder).encode()
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def _stop(procs: list[subprocess.Popen], seen: dict[int, int], folder: Path) -> None:
+    """End every worker and everything below it, then reap the workers.
+
+    Each worker leads its own process group and session; what it started may have left both,
+    so its descendants are looked up (those seen while it ran, and those below it now) and
+    killed one by one, a pid only while its start time still matches.
     """
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    for _ in range(3):
+        below = dict(seen)
+        below.update(_below([p.pid for p in procs if p.poll() is None]))
+        for pid, started in below.items():
+            info = _stat(pid)
+            if info is not None and info[1] == started:
+                _signal(pid, signal.SIGKILL)
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in _mentioning(folder):
+            _signal(pid, signal.SIGKILL)
+        if not _below([p.pid for p in procs if p.poll() is None]):
+            break
     for proc in procs:
         proc.wait()
+
+
+def _signal(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold back Ctrl-C (SIGINT) for a moment: while a worker is being started, or cleaned up.
+
+    An interrupt in the middle of ``Popen`` could leave a started worker that ``launch`` does
+    not know of, and one in the middle of the cleanup could leave workers or folders behind. The
+    interrupt is raised as soon as the moment is over. Python runs signal handlers in the main
+    thread only, so elsewhere there is nothing to hold back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _sweep_stale_folders() -> None:
+    """Remove the folders of launches whose launching process has died without cleaning up."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_FOLDER_PREFIX}*"):
+        found = re.match(rf"{_FOLDER_PREFIX}(\d+)-", path.name)
+        if found is None or int(found.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(found.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            pass
 
 
 # Gloo's connection notices are noise beside a worker's output. The shim sends native stdout,
@@ -223,21 +519,37 @@ _GLOO_NOTICE = re.compile(
 )
 
 
-def _read(path: Path) -> str:
-    if not path.exists():
+def _read(path: Path, limit: int = OUTPUT_BYTES) -> str:
+    """A worker's file as text: its last ``limit`` bytes, with a note of what was left out."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if size > limit:
+                f.seek(size - limit)
+            data = f.read(limit)
+    except OSError:
         return ""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = data.decode("utf-8", errors="replace")
+    dropped = max(0, size - limit)
+    if dropped:
+        cut = text.find("\n")
+        if 0 <= cut < 2000:  # start at a line
+            dropped += len(text[: cut + 1].encode("utf-8", errors="replace"))
+            text = text[cut + 1 :]
     # Notices printed from several threads at once can nest one inside another; removing the
     # inner one completes the outer, so repeat until none is left.
     while True:
         text, found = _GLOO_NOTICE.subn("", text)
         if not found:
-            return text
+            break
+    if dropped:
+        text = f"[{dropped:,} earlier bytes of output left out]\n{text}"
+    return text
 
 
 def _log(folder: Path, i: int) -> str:
     """A worker's log for an error message: its stderr, or its stdout when stderr is empty."""
-    return _read(folder / f"{i}.err").strip() or _read(folder / f"{i}.out")
+    return _read(folder / f"{i}.err", 64 * 1024).strip() or _read(folder / f"{i}.out", 64 * 1024)
 
 
 def _exit_reason(code: int) -> str:
@@ -260,8 +572,9 @@ def launch(
 ) -> Outputs:
     """Run ``script`` as ``num_processes`` JAX processes with CPU devices; return their output.
 
-    The output of a worker is what its Python code printed to stdout; what native code writes
-    to stdout (Gloo's connection notices) is left out.
+    The output of a worker is what its Python code printed to stdout (its last
+    ``OUTPUT_BYTES``, with a note of how much came before); what native code writes to stdout
+    (Gloo's connection notices) is left out.
 
     Each worker gets ``devices_per_process`` CPU devices, gloo collectives and a coordinator on
     a free local port, and finds ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
@@ -270,50 +583,98 @@ def launch(
     one); a value of ``None`` removes a variable.
 
     Raises ``WorkerError`` as soon as one worker fails (the others are stopped), or when workers
-    are still running after ``timeout`` seconds (all are killed). Whatever happens, including
-    ``KeyboardInterrupt``, every worker is gone when this returns or raises.
+    are still running ``timeout`` seconds after the launch began, starting them included (all
+    are killed). Whatever happens, including ``KeyboardInterrupt``, every worker and every
+    process a worker started is gone, and the launch's temporary folder removed, when this
+    returns or raises.
     """
-    path = _check_arguments(script, num_processes, devices_per_process, timeout)
-    coordinator = f"127.0.0.1:{free_port()}"
-    procs: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory(prefix="book-multihost-") as tmp:
-        folder = Path(tmp)
-        try:
-            for i in range(num_processes):
-                penv = worker_env(i, num_processes, devices_per_process, coordinator)
-                extra = env(i) if callable(env) else (env or {})
-                for key, value in extra.items():
-                    if value is None:
-                        penv.pop(key, None)
-                    else:
-                        penv[key] = str(value)
-                with open(folder / f"{i}.out", "wb") as out, open(folder / f"{i}.err", "wb") as err:
-                    procs.append(
-                        subprocess.Popen(
-                            _command(path, args, folder / f"{i}.native"),
-                            stdin=subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=err,
-                            env=penv,
-                            start_new_session=True,
-                        )
-                    )
-            _wait(procs, folder, path, timeout)
-        finally:
-            _kill(procs)
-        return Outputs([_read(folder / f"{i}.out") for i in range(num_processes)], path.name)
-
-
-def _wait(procs: list[subprocess.Popen], folder: Path, path: Path, timeout: float) -> None:
-    """Return when every worker has exited cleanly; raise at the first failure or the timeout."""
-    n = len(procs)
+    path = _check_script(script)
+    num_processes = validate.processes(num_processes, "num_processes")
+    devices_per_process = validate.whole(
+        devices_per_process,
+        "devices_per_process",
+        high=MAX_DEVICES_PER_PROCESS,
+        example=4,
+        too_large="more CPU devices than one process needs",
+    )
+    timeout = validate.seconds(timeout, "timeout")
+    args = _check_args(args)
+    extras = _check_env(env, num_processes)
     deadline = time.monotonic() + timeout
+    _sweep_stale_folders()
+    port = free_port()
+    coordinator = f"127.0.0.1:{port}"
+    procs: list[subprocess.Popen] = []
+    seen: dict[int, int] = {}
+    folder = Path(tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-"))
+    try:
+        for i in range(num_processes):
+            if time.monotonic() > deadline:
+                raise WorkerError(
+                    f"Only {i} of {num_processes} workers had started after {timeout:g} s, so "
+                    "all were stopped; pass a larger timeout or start fewer processes.",
+                    i,
+                    _outputs(folder, num_processes, path),
+                )
+            penv = worker_env(i, num_processes, devices_per_process, coordinator)
+            for key, value in extras[i].items():
+                if value is None:
+                    penv.pop(key, None)
+                else:
+                    penv[key] = value
+            with (
+                open(folder / f"{i}.out", "wb") as out,
+                open(folder / f"{i}.err", "wb") as err,
+                _interrupts_deferred(),
+            ):
+                procs.append(
+                    subprocess.Popen(
+                        _command(path, args, folder, folder / f"{i}.native"),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        env=penv,
+                        start_new_session=True,
+                    )
+                )
+        _wait(procs, folder, path, timeout, deadline, seen, port)
+        return _outputs(folder, num_processes, path)
+    finally:
+        with _interrupts_deferred():
+            _stop(procs, seen, folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait(
+    procs: list[subprocess.Popen],
+    folder: Path,
+    path: Path,
+    timeout: float,
+    deadline: float,
+    seen: dict[int, int],
+    port: int,
+) -> None:
+    """Return when every worker has exited cleanly; raise at the first failure or the timeout.
+
+    While they run, the processes below them are noted in ``seen``, so one that a worker started
+    and left behind is still ended with the launch.
+    """
+    n = len(procs)
+    next_scan = 0.0
     while True:
         codes = [proc.poll() for proc in procs]
         failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            _kill(procs)
             i = failed[0]
+            clash = [j for j in failed if _PORT_CLASH.search(_log(folder, j))]
+            if clash:
+                raise WorkerError(
+                    f"The coordinator could not listen on port {port}: another program took it "
+                    f"after launch chose it, so process {clash[0]} of {n} failed and all workers "
+                    "were stopped; run the launch again, which picks a new free port.",
+                    clash[0],
+                    _outputs(folder, n, path),
+                )
             also = ""
             if len(failed) > 1:
                 others = ", ".join(str(j) for j in failed[1:])
@@ -327,8 +688,8 @@ def _wait(procs: list[subprocess.Popen], folder: Path, path: Path, timeout: floa
             )
         if all(code == 0 for code in codes):
             return
-        if time.monotonic() > deadline:
-            _kill(procs)
+        now = time.monotonic()
+        if now > deadline:
             running = [i for i, code in enumerate(codes) if code is None]
             names = ", ".join(str(i) for i in running)
             word = "process" if len(running) == 1 else "processes"
@@ -340,7 +701,27 @@ def _wait(procs: list[subprocess.Popen], folder: Path, path: Path, timeout: floa
                 i,
                 _outputs(folder, n, path),
             )
+        if now >= next_scan:
+            next_scan = now + _SCAN_SECONDS
+            seen.update(_below([p.pid for p, code in zip(procs, codes) if code is None]))
+            for i in range(n):
+                written = sum(_size(folder / f"{i}.{kind}") for kind in ("out", "err", "native"))
+                if written > LOG_BYTES:
+                    raise WorkerError(
+                        f"Worker process {i} of {n} running {path.name} wrote more than "
+                        f"{LOG_BYTES // 2**20} MiB of output, so all workers were stopped; "
+                        "print less, such as a summary every few steps.",
+                        i,
+                        _outputs(folder, n, path),
+                    )
         time.sleep(_POLL_SECONDS)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _outputs(folder: Path, n: int, path: Path) -> Outputs:

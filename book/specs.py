@@ -12,26 +12,20 @@ from collections.abc import Mapping, Sequence
 
 from jax.sharding import PartitionSpec as P
 
+from book import validate
 from book.errors import ReaderError
 
-MAX_TEXT = 200
+MAX_TEXT = validate.MAX_TEXT
+_SIZE = re.compile(r"[0-9]{1,12}", re.ASCII)
 _TOKEN = re.compile(
-    r"\s*(?:(?P<str>'[^'\\]*'|\"[^\"\\]*\")|(?P<name>[A-Za-z_]\w*)|(?P<punct>[(),\[\]]))"
+    r"\s*(?:(?P<str>'[^'\\]*'|\"[^\"\\]*\")|(?P<name>[A-Za-z_]\w*)|(?P<punct>[(),\[\]]))",
+    re.ASCII,
 )
-_NAME = re.compile(r"[A-Za-z_]\w*\Z")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z", re.ASCII)
 
 
 class SpecError(ReaderError, ValueError):
     """A mesh shape, axis name or partition spec that cannot work, explained in one sentence."""
-
-
-def _check_length(text, what):
-    if not isinstance(text, str):
-        raise SpecError(f"Type the {what} as text, for example {_EXAMPLES[what]}.")
-    if len(text) > MAX_TEXT:
-        raise SpecError(f"The {what} is too long; keep it under {MAX_TEXT} characters.")
-    if not text.strip():
-        raise SpecError(f"The {what} is empty; type one, for example {_EXAMPLES[what]}.")
 
 
 _EXAMPLES = {
@@ -42,6 +36,10 @@ _EXAMPLES = {
 }
 
 
+def _check_length(text, what):
+    validate.text(text, f"the {what}", example=_EXAMPLES[what], limit=MAX_TEXT, error=SpecError)
+
+
 def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
     _check_length(text, what)
     body = text.strip()
@@ -50,16 +48,34 @@ def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
     parts = [p.strip() for p in re.split(r"[,x×*]", body)]
     if parts and parts[-1] == "" and len(parts) > 1:
         parts = parts[:-1]  # a trailing comma, as in "(8,)"
+    if len(parts) > validate.MAX_AXES:
+        raise SpecError(
+            f"The {what} {text.strip()!r} has {len(parts)} sizes; use at most {validate.MAX_AXES}."
+        )
     sizes = []
     for part in parts:
-        if not part.isdigit():
+        if re.fullmatch(r"[0-9]{13,}", part, re.ASCII):
             raise SpecError(
-                f"Could not read {part!r} in the {what} {text.strip()!r}; use positive whole "
-                f"numbers, for example {_EXAMPLES[what]}."
+                f"The {what} has a size of {len(part)} digits, more than the book can use; keep "
+                f"every size at most {validate.MAX_SIZE:,}."
+            )
+        if not _SIZE.fullmatch(part):
+            fix = "use positive whole numbers"
+            if any(ch.isnumeric() for ch in part) and not part.isascii():
+                fix = "write sizes with the digits 0 to 9"
+            raise SpecError(
+                f"Could not read {validate.describe(part)} in the {what}; {fix}, for example "
+                f"{_EXAMPLES[what]}."
             )
         sizes.append(int(part))
     if any(s == 0 for s in sizes):
         raise SpecError(f"The {what} {text.strip()!r} has a zero; every size must be at least 1.")
+    for size in sizes:
+        if size > validate.MAX_SIZE:
+            raise SpecError(
+                f"The {what} has a size of {size:,}, more than the book can use; keep every "
+                f"size at most {validate.MAX_SIZE:,}."
+            )
     return tuple(sizes)
 
 
@@ -82,6 +98,8 @@ def parse_axis_names(text: str) -> tuple[str, ...]:
     names = [p.strip().strip("'\"") for p in body.split(",")]
     if len(names) > 1 and names[-1] == "":
         names = names[:-1]
+    if len(names) > validate.MAX_AXES:
+        raise SpecError(f"There are {len(names)} axis names; use at most {validate.MAX_AXES}.")
     for name in names:
         if not _NAME.match(name):
             raise SpecError(
@@ -158,7 +176,7 @@ def _name(tok):
     kind, value = tok
     if kind == "str" and _NAME.match(value):
         return value
-    if kind == "name" and value not in ("None", "P", "PartitionSpec"):
+    if kind == "name" and value not in ("None", "P", "PartitionSpec") and _NAME.match(value):
         return value
     return None
 
@@ -196,9 +214,42 @@ def _entry(toks, i):
 
 
 def _axis_sizes(mesh) -> dict[str, int]:
-    if isinstance(mesh, Mapping):
-        return dict(mesh)
-    return dict(mesh.shape)
+    from jax.sharding import Mesh
+
+    if isinstance(mesh, Mesh):
+        return dict(mesh.shape)
+    if not isinstance(mesh, Mapping):
+        raise SpecError(
+            "The mesh must be a jax.sharding.Mesh or a mapping from axis name to size, such as "
+            f"{{'data': 2, 'model': 4}}, not {validate.describe(mesh)}."
+        )
+    if len(mesh) > validate.MAX_AXES:
+        raise SpecError(f"The mesh has {len(mesh)} axes; use at most {validate.MAX_AXES}.")
+    return {
+        validate.name(k, "Each mesh axis", error=SpecError): validate.whole(
+            v, f"The size of mesh axis {k!r}", error=SpecError
+        )
+        for k, v in mesh.items()
+    }
+
+
+def _spec(spec) -> P:
+    """A ``PartitionSpec`` (or its text) whose entries are names, None or groups of names."""
+    if isinstance(spec, str):
+        return parse_partition_spec(spec)
+    if not isinstance(spec, P):
+        raise SpecError(
+            f"The spec must be a PartitionSpec such as P('data', None), not "
+            f"{validate.describe(spec)}."
+        )
+    for entry in spec:
+        group = entry if isinstance(entry, tuple) else (entry,)
+        if entry is not None and not all(isinstance(n, str) for n in group):
+            raise SpecError(
+                f"The spec has the entry {validate.describe(entry)}; each entry is an axis name, "
+                "None, or a tuple of axis names."
+            )
+    return spec
 
 
 def _spec_text(spec: P) -> str:
@@ -212,6 +263,16 @@ def _names_text(names: Sequence[str]) -> str:
 
 def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_count: int) -> None:
     """A mesh must have one name per axis and use exactly the devices at hand."""
+    mesh_shape = validate.sizes(mesh_shape, "The mesh shape", error=SpecError)
+    if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
+        raise SpecError(
+            f"The axis names must be a tuple of names such as ('data', 'model'), not "
+            f"{validate.describe(axis_names)}."
+        )
+    axis_names = [validate.name(n, "Each axis name", error=SpecError) for n in axis_names]
+    device_count = validate.whole(
+        device_count, "The device count", high=validate.MAX_DEVICES, error=SpecError
+    )
     if len(mesh_shape) != len(axis_names):
         raise SpecError(
             f"The mesh shape {tuple(mesh_shape)} has {len(mesh_shape)} axes but "
@@ -221,7 +282,7 @@ def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_coun
     if size != device_count:
         shape = "x".join(map(str, mesh_shape))
         raise SpecError(
-            f"A {shape} mesh needs {size} devices but there are {device_count}; choose sizes "
+            f"A {shape} mesh needs {size:,} devices but there are {device_count}; choose sizes "
             f"that multiply to {device_count}."
         )
 
@@ -229,9 +290,12 @@ def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_coun
 def check_sharding(array_shape: Sequence[int], mesh, spec: P) -> None:
     """Check that ``spec`` can shard an array of ``array_shape`` over ``mesh``.
 
-    ``mesh`` is a ``jax.sharding.Mesh`` or a mapping from axis name to size. The checks mirror
-    what JAX rejects, but each failure names the fix in one sentence.
+    ``mesh`` is a ``jax.sharding.Mesh`` or a mapping from axis name to size, ``spec`` a
+    ``PartitionSpec`` or its text. The checks mirror what JAX rejects, but each failure names
+    the fix in one sentence.
     """
+    array_shape = validate.sizes(array_shape, "The array shape", low=0, error=SpecError)
+    spec = _spec(spec)
     sizes = _axis_sizes(mesh)
     if len(spec) > len(array_shape):
         raise SpecError(

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from book import validate
+from book.errors import ReaderError
+
 PALETTE = (
     "#cfe2f3",
     "#fce5cd",
@@ -35,6 +38,13 @@ PALETTE = (
     "#d5a6bd",
 )
 MAX_ROWS, MAX_COLS, MAX_SLICES = 8, 8, 4
+MAX_BLOCKS = 256  # devices drawn in one table or diagram
+DOT_SECONDS = 30  # a drawing Graphviz has not finished by then is shown as text
+
+
+class VizError(ReaderError, ValueError):
+    """Something passed to a picture that it cannot show, explained in one sentence."""
+
 
 STYLE = """<style>
 .bk-viz{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:11px;color:#222}
@@ -77,7 +87,17 @@ class Diagram:
         if program is None:
             return None
         args = [program, "-Tsvg"] + (["-n2"] if self.engine == "neato" else [])
-        done = subprocess.run(args, input=self.source, capture_output=True, text=True, check=True)
+        try:
+            done = subprocess.run(
+                args,
+                input=self.source,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=DOT_SECONDS,
+            )
+        except (subprocess.SubprocessError, OSError):  # the text twin is shown instead
+            return None
         return done.stdout
 
     def _repr_svg_(self):
@@ -111,6 +131,7 @@ def _index_key(index, shape):
 
 def summarize(x) -> Summary:
     """Shard shape, bytes per device and replication of a ``jax.Array``."""
+    validate.array(x, "summarize's argument", error=VizError)
     shards = x.addressable_shards
     keys = {_index_key(s.index, x.shape) for s in shards}
     per_device = {}
@@ -196,6 +217,15 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str
     Devices holding the same slice share a colour, so replication is visible at a glance.
     ``name`` labels each index (``w1[0:2, :]``), so tables of several arrays tell them apart.
     """
+    validate.array(x, "shard_table's argument", error=VizError)
+    show_ids = validate.flag(show_ids, "show_ids", error=VizError)
+    title = validate.optional_text(title, "the title", example="'x'", error=VizError)
+    name = validate.text(name, "the name", example="'x'", limit=40, error=VizError)
+    if len(x.sharding.device_set) > MAX_BLOCKS:
+        raise VizError(
+            f"The array spans {len(x.sharding.device_set)} devices; a table shows at most "
+            f"{MAX_BLOCKS}."
+        )
     grid, names, mesh_shape = _device_grid(x)
     by_device = {s.device: s for s in x.addressable_shards}
     keys = sorted({_index_key(s.index, x.shape) for s in by_device.values()})
@@ -242,6 +272,7 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str
 
 def error_html(message: str) -> str:
     """A reader's mistake, shown as its one sentence in place of a result."""
+    message = message if isinstance(message, str) else validate.describe(message)
     return f"{STYLE}<div class='bk-viz bk-error'>{html.escape(message)}</div>"
 
 
@@ -261,6 +292,10 @@ def mesh_diagram(mesh, *, title: str | None = None) -> Diagram:
 
     Each box shows a device id and, below it, the device's coordinates along the mesh axes.
     """
+    validate.mesh(mesh, error=VizError)
+    title = validate.optional_text(title, "the title", example="'mesh'", error=VizError)
+    if mesh.size > MAX_BLOCKS:
+        raise VizError(f"The mesh has {mesh.size} devices; a diagram shows at most {MAX_BLOCKS}.")
     devices = np.asarray(mesh.devices)
     names = tuple(mesh.axis_names)
     grid = devices.reshape(1, -1) if devices.ndim == 1 else devices.reshape(devices.shape[0], -1)
@@ -300,8 +335,17 @@ def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
 
     ``labels`` are in ring order; ``groups`` (same length) colours nodes that share a chip.
     """
+    labels = _labels(labels)
     n = len(labels)
-    groups = list(range(n)) if groups is None else list(groups)
+    title = validate.optional_text(title, "the title", example="'ring'", error=VizError)
+    if groups is not None and (
+        not isinstance(groups, (list, tuple, np.ndarray)) or len(groups) != n
+    ):
+        raise VizError(
+            f"groups must be a list with one entry per label ({n}), not "
+            f"{validate.describe(groups)}."
+        )
+    groups = list(range(n)) if groups is None else [_group_key(g) for g in groups]
     colours = {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(dict.fromkeys(groups))}
     radius = 40 + 22 * n
     lines = ["digraph ring {", _GRAPH_STYLE]
@@ -317,6 +361,40 @@ def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
     lines.append("}")
     text = (f"{title}: " if title else "") + " -> ".join(map(str, labels)) + f" -> {labels[0]}"
     return Diagram("\n".join(lines), text, engine="neato")
+
+
+def _labels(labels) -> list[str]:
+    """Node labels: a non-empty list or tuple of short texts or numbers."""
+    if isinstance(labels, np.ndarray):
+        labels = labels.tolist()
+    if not isinstance(labels, (list, tuple)) or not labels:
+        raise VizError(
+            f"labels must be a non-empty list of texts or numbers, not {validate.describe(labels)}."
+        )
+    if len(labels) > MAX_BLOCKS:
+        raise VizError(f"There are {len(labels)} labels; a diagram shows at most {MAX_BLOCKS}.")
+    out = []
+    for label in labels:
+        if isinstance(label, (str, int, float, np.integer, np.floating)) and not isinstance(
+            label, bool
+        ):
+            shown = label if isinstance(label, str) else validate.describe(label)
+            out.append(shown[:60])
+        else:
+            raise VizError(
+                f"Each label must be a text or a number, not {validate.describe(label)}."
+            )
+    return out
+
+
+def _group_key(group):
+    try:
+        hash(group)
+    except TypeError:
+        raise VizError(
+            f"Each group must be a number or a text naming it, not {validate.describe(group)}."
+        ) from None
+    return group
 
 
 # Collectives: what each device holds before and after, and where every value went.
@@ -340,6 +418,7 @@ def device_blocks(x) -> list[tuple[str, np.ndarray]]:
     For the output of ``jax.shard_map`` this is exactly what each device's function returned,
     whether ``out_specs`` concatenates the blocks or promises they are equal.
     """
+    validate.array(x, "device_blocks's argument", error=VizError)
     by_device = {s.device: np.asarray(s.data) for s in x.addressable_shards}
     mesh = getattr(x.sharding, "mesh", None)
     if mesh is None or not hasattr(mesh, "devices"):
@@ -353,14 +432,32 @@ def device_blocks(x) -> list[tuple[str, np.ndarray]]:
 
 def _as_blocks(blocks) -> list[tuple[str, np.ndarray]]:
     """Accept a ``jax.Array``, (label, values) pairs, or bare per-device values."""
-    if hasattr(blocks, "addressable_shards"):
+    import jax
+
+    if isinstance(blocks, jax.Array):
         return device_blocks(blocks)
+    if not isinstance(blocks, (list, tuple)) or not blocks:
+        raise VizError(
+            "Pass a jax.Array, or a list with one block per device (values, or (label, values) "
+            f"pairs), not {validate.describe(blocks)}."
+        )
+    if len(blocks) > MAX_BLOCKS:
+        raise VizError(f"There are {len(blocks)} blocks; a picture shows at most {MAX_BLOCKS}.")
     pairs = []
     for k, item in enumerate(blocks):
+        label, values = f"device {k}", item
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-            pairs.append((item[0], np.asarray(item[1])))
-        else:
-            pairs.append((f"device {k}", np.asarray(item)))
+            label, values = item[0][:60], item[1]
+        try:
+            values = np.asarray(values)
+        except Exception:
+            values = None
+        if values is None or values.dtype.kind not in "biuf" or values.size > 4096:
+            raise VizError(
+                f"The block of {label} must be numbers (at most 4096 of them), not "
+                f"{validate.describe(item)}."
+            )
+        pairs.append((label, values))
     return pairs
 
 
@@ -388,10 +485,18 @@ def before_after_table(
     lists, in the same device order. Each device keeps its colour in both columns.
     """
     before, after = _as_blocks(before), _as_blocks(after)
-    if len(before) != len(after):
-        raise ValueError(
-            f"{len(before)} blocks before but {len(after)} after; pass one per device."
+    title = validate.optional_text(title, "the title", example="'psum'", error=VizError)
+    if (
+        not isinstance(headers, (tuple, list))
+        or len(headers) != 2
+        or not all(isinstance(h, str) for h in headers)
+    ):
+        raise VizError(
+            f"headers must be two texts, such as ('before', 'after'), not "
+            f"{validate.describe(headers)}."
         )
+    if len(before) != len(after):
+        raise VizError(f"{len(before)} blocks before but {len(after)} after; pass one per device.")
     head = "".join(f"<div><b>{html.escape(h)}</b></div>" for h in ("device",) + tuple(headers))
     cells, lines = [head], []
     for k, ((label, b), (_, a)) in enumerate(zip(before, after)):
@@ -427,7 +532,7 @@ def trace_moves(before, after) -> tuple[dict[tuple[int, int], list], set[int]]:
     for k, (_, b) in enumerate(before):
         for v in b.ravel().tolist():
             if v in home:
-                raise ValueError(
+                raise VizError(
                     f"The value {v} appears twice among the inputs, so its path cannot be traced; "
                     "give every input element a distinct value."
                 )
@@ -440,7 +545,7 @@ def trace_moves(before, after) -> tuple[dict[tuple[int, int], list], set[int]]:
             elif v == 0:
                 zeros.add(d)
             else:
-                raise ValueError(
+                raise VizError(
                     f"{label} holds {v}, which no device held before; for a reduction pass "
                     "reduce='sum' or reduce='mean'."
                 )
@@ -466,11 +571,31 @@ def _reduced_parts(before, after, reduce, groups):
                     parts[d] = (g, total, f"part {rank} of dim {dim}")
                     break
             else:
-                raise ValueError(
+                raise VizError(
                     f"{after[d][0]} holds {_inline_text(a)!r}, which is neither the {reduce} of "
                     "its group's inputs nor an even part of it."
                 )
     return symbol, parts
+
+
+def _positions(groups, n) -> list[list[int]]:
+    """Groups of device positions that together cover each of the ``n`` positions once."""
+    message = (
+        f"groups must be lists of device positions 0 to {n - 1}, each position in one group, "
+        f"such as [[0, 1], [2, 3]], not {validate.describe(groups)}."
+    )
+    if not isinstance(groups, (list, tuple)) or not groups:
+        raise VizError(message)
+    out = []
+    for group in groups:
+        if not isinstance(group, (list, tuple)) or not group:
+            raise VizError(message)
+        out.append(
+            [validate.whole(p, "A position", low=0, high=n - 1, error=VizError) for p in group]
+        )
+    if sorted(p for g in out for p in g) != list(range(n)):
+        raise VizError(message)
+    return out
 
 
 def collective_diagram(
@@ -492,10 +617,14 @@ def collective_diagram(
     """
     before, after = _as_blocks(before), _as_blocks(after)
     n = len(before)
-    groups = [list(range(n))] if groups is None else [list(g) for g in groups]
+    if len(after) != n:
+        raise VizError(f"{n} blocks before but {len(after)} after; pass one per device.")
+    title = validate.optional_text(title, "the title", example="'psum'", error=VizError)
+    if label_edges is not None:
+        label_edges = validate.flag(label_edges, "label_edges", error=VizError)
+    groups = [list(range(n))] if groups is None else _positions(groups, n)
     if reduce is not None:
-        if reduce not in _REDUCTIONS:
-            raise ValueError(f"reduce must be one of {', '.join(_REDUCTIONS)}, not {reduce!r}.")
+        reduce = validate.choice(reduce, list(_REDUCTIONS), "a reduction", error=VizError)
         symbol, parts = _reduced_parts(before, after, reduce, groups)
     labels_b = [label + "\n" + _inline_text(v) for label, v in before]
     labels_a = [label + "\n" + _inline_text(v) for label, v in after]

@@ -145,8 +145,8 @@ def test_loader_takes_a_sharding_per_field(source, mesh):
 
 
 def test_a_batch_size_that_leaves_examples_out_is_refused(source, mesh):
-    with pytest.raises(ReaderError, match="do not split into batches of 36"):
-        Loader(source, 36, NamedSharding(mesh, P("data")), from_callback)
+    with pytest.raises(ReaderError, match="do not split into batches of 64"):
+        Loader(source, 64, NamedSharding(mesh, P("data")), from_callback)
     with pytest.raises(ReaderError, match="positive whole number"):
         Loader(source, 0, NamedSharding(mesh, P("data")), from_callback)
 

@@ -1,0 +1,313 @@
+"""Check what a reader passes to the book's functions, and refuse the rest in one sentence.
+
+Every public function of ``book`` runs its arguments through these checks before it does any
+work, so a wrong kind of thing, a size no machine could hold or a number that is not what it
+looks like ends as a ``ReaderError`` whose message is one sentence saying what to pass instead.
+Nothing a reader types is evaluated: text becomes a number only when it is made of the ASCII
+digits 0 to 9 (``'²'`` and ``'①'`` look like digits to ``str.isdigit`` but are refused here), and
+a message never prints a value it cannot print quickly (``10**10000`` is named by its length).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from book.errors import ReaderError
+
+MAX_SIZE = 2**31 - 1  # the largest size or count the book takes (an int32 dimension)
+MAX_DEVICES = 16384  # more devices than any machine JAX runs on has
+MAX_AXES = 8  # mesh axes and array dimensions a reader can type
+MAX_SECONDS = 3600.0  # the longest the book waits for anything
+MAX_TEXT = 200  # the longest text a reader types into a form
+_DIGITS = re.compile(r"[+-]?[0-9]{1,19}", re.ASCII)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}", re.ASCII)
+_WORKER_BYTES = 300 * 2**20  # what one JAX worker process needs, roughly
+
+
+def describe(value, limit: int = 40) -> str:
+    """``value`` as a message can quote it: short, on one line, and never an error of its own.
+
+    Numbers and short texts are shown as they are; a huge integer by its number of digits
+    (``str`` refuses integers of more than 4300 digits); anything else by its type, since its
+    own ``repr`` could be long, slow or fail.
+    """
+    if value is None or isinstance(value, (bool, np.bool_)):
+        return repr(None if value is None else bool(value))
+    if isinstance(value, (int, np.integer)):
+        number = int(value)
+        if number.bit_length() <= 64:
+            return str(number)
+        digits = int(number.bit_length() * math.log10(2)) + 1
+        return f"a {'negative ' if number < 0 else ''}number with about {digits:,} digits"
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    if isinstance(value, str):
+        text = str.__str__(value)
+        return repr(text if len(text) <= limit else text[:limit] + "…")
+    if isinstance(value, (tuple, list)) and len(value) <= 8:
+        parts = [describe(v, limit) for v in value]
+        if all(not p.startswith(("a ", "an ")) for p in parts):
+            inner = ", ".join(parts) + ("," if len(parts) == 1 and isinstance(value, tuple) else "")
+            shown = f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+            if len(shown) <= 2 * limit:
+                return shown
+    return kind(value)
+
+
+def kind(value) -> str:
+    """The type of ``value`` with its article: ``a list``, ``an ndarray``."""
+    name = type(value).__name__
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
+
+
+def _is_whole(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def whole(
+    value,
+    name: str,
+    *,
+    low: int = 1,
+    high: int = MAX_SIZE,
+    text: bool = False,
+    example: int | None = None,
+    too_large: str = "more than the book can use",
+    error: type[ReaderError] = ReaderError,
+) -> int:
+    """``value`` as an ``int`` between ``low`` and ``high``, or ``error`` in one sentence.
+
+    Python and NumPy integers are accepted; ``True`` is refused although Python counts it as 1,
+    and so is ``8.0``. With ``text``, a string of the digits 0 to 9 (and a sign) is read too,
+    as forms pass what a reader types.
+    """
+    example = max(low, min(8, high)) if example is None else example
+    sort = "a positive whole number" if low == 1 else "a whole number"
+    wanted = f"{name} must be {sort} such as {example}"
+    if isinstance(value, str) and text:
+        body = value.strip()
+        if not _DIGITS.fullmatch(body):
+            if re.fullmatch(r"[+-]?[0-9]+", body, re.ASCII):
+                raise error(
+                    f"{name} is too large: {describe(value)} has {len(body)} digits; "
+                    f"use at most {high:,}."
+                )
+            hint = ""
+            if any(ch.isnumeric() for ch in body) and not body.isascii():
+                hint = ", typed with the digits 0 to 9"
+            raise error(f"{wanted}{hint}, not {describe(value)}.")
+        value = int(body)
+    if not _is_whole(value):
+        shown = describe(value)
+        if isinstance(value, str):
+            shown += " (a string)"
+        raise error(f"{wanted}, not {shown}.")
+    number = int(value)
+    if number < low:
+        if low == 1:
+            raise error(f"{wanted}, not {describe(number)}.")
+        raise error(f"{name} must be at least {low:,}, not {describe(number)}.")
+    if number > high:
+        raise error(
+            f"{name} is too large: {describe(number)} is {too_large}; use at most {high:,}."
+        )
+    return number
+
+
+def seconds(
+    value, name: str, *, high: float = MAX_SECONDS, error: type[ReaderError] = ReaderError
+) -> float:
+    """A time limit in seconds: a finite number above zero and at most ``high``.
+
+    ``nan`` would switch a limit off (every comparison with it is false) and ``inf`` never
+    comes, so both are refused like zero and negative numbers.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise error(f"{name} must be a number of seconds such as 60, not {describe(value)}.")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if math.isnan(number):
+        raise error(f"{name} must be a number of seconds such as 60, not nan.")
+    if number <= 0:
+        raise error(f"{name} must be more than 0 seconds, not {describe(value)}.")
+    if number > high:
+        raise error(
+            f"{name} is {describe(value)} seconds, longer than the book ever waits; use at "
+            f"most {high:g}."
+        )
+    return number
+
+
+def flag(value, name: str, *, error: type[ReaderError] = ReaderError) -> bool:
+    """``True`` or ``False`` (a NumPy bool too); the text ``'False'`` is refused."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    shown = describe(value) + (" (a string)" if isinstance(value, str) else "")
+    raise error(f"{name} must be True or False, not {shown}.")
+
+
+def text(
+    value,
+    name: str,
+    *,
+    example: str,
+    limit: int = MAX_TEXT,
+    empty: bool = False,
+    error: type[ReaderError] = ReaderError,
+) -> str:
+    """A string of at most ``limit`` characters (not empty unless ``empty``)."""
+    if not isinstance(value, str):
+        raise error(f"Type {name} as text, such as {example}, not {describe(value)}.")
+    if len(value) > limit:
+        raise error(f"{name[:1].upper()}{name[1:]} is too long; keep it under {limit} characters.")
+    if not empty and not value.strip():
+        raise error(f"{name[:1].upper()}{name[1:]} is empty; type one, such as {example}.")
+    return str.__str__(value)
+
+
+def optional_text(value, name: str, *, example: str, error: type[ReaderError] = ReaderError):
+    """``None`` or a short text, such as a title."""
+    return None if value is None else text(value, name, example=example, empty=True, error=error)
+
+
+def name(value, what: str, *, error: type[ReaderError] = ReaderError) -> str:
+    """An identifier such as ``'data'``: letters, digits and underscores, up to 64 characters."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise error(
+            f"{what} must be a name of letters, digits and underscores such as 'data', not "
+            f"{describe(value)}."
+        )
+    return str.__str__(value)
+
+
+def choice(value, options: Sequence[str], what: str, *, error: type[ReaderError] = ReaderError):
+    """One of ``options`` (strings), compared as text: a list or an unhashable value is refused."""
+    if isinstance(value, str) and value in options:
+        return str.__str__(value)
+    listed = ", ".join(options[:-1]) + " or " + options[-1] if len(options) > 1 else options[0]
+    raise error(f"{describe(value)} is not {what} here; pick one of {listed}.")
+
+
+def sizes(
+    value,
+    what: str,
+    *,
+    max_rank: int = MAX_AXES,
+    low: int = 1,
+    error: type[ReaderError] = ReaderError,
+) -> tuple[int, ...]:
+    """A shape given as numbers: a tuple or list of whole numbers, at most ``max_rank`` of them."""
+    if not isinstance(value, (tuple, list)):
+        raise error(f"{what} must be a tuple of whole numbers such as (8, 4), not {kind(value)}.")
+    if len(value) > max_rank:
+        raise error(f"{what} has {len(value)} entries; use at most {max_rank}.")
+    return tuple(whole(v, f"Each entry of {what}", low=low, error=error) for v in value)
+
+
+def callable_(value, what: str, *, error: type[ReaderError] = ReaderError):
+    """A function (anything callable)."""
+    if not callable(value):
+        raise error(f"{what} must be a function, not {describe(value)}.")
+    return value
+
+
+def max_processes() -> int:
+    """How many JAX processes this machine can run at once: 4 per core, 300 MB of memory each.
+
+    A JAX process on CPU starts a backend of its own; beyond this many they only wait for each
+    other's cores or run the machine out of memory.
+    """
+    by_cores = 4 * (os.cpu_count() or 1)
+    memory = _available_memory()
+    by_memory = memory // _WORKER_BYTES if memory else by_cores
+    return max(2, min(64, by_cores, by_memory))
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def processes(value, name: str, *, error: type[ReaderError] = ReaderError) -> int:
+    """A number of processes to start: at least 1, at most what ``max_processes`` allows."""
+    most = max_processes()
+    return whole(
+        value,
+        name,
+        high=most,
+        example=2,
+        too_large=f"more processes than this machine can run at once ({most})",
+        error=error,
+    )
+
+
+def array(value, what: str, *, error: type[ReaderError] = ReaderError):
+    """A concrete ``jax.Array`` (not a NumPy array, and not a traced value inside ``jit``)."""
+    import jax
+
+    if isinstance(value, jax.core.Tracer):
+        raise error(
+            f"{what} is a traced value inside a transformed function; call this outside jit, "
+            "on the array the function returns."
+        )
+    if not isinstance(value, jax.Array):
+        hint = ", placed with jax.device_put" if isinstance(value, np.ndarray) else ""
+        raise error(f"{what} must be a jax.Array{hint}, not {describe(value)}.")
+    return value
+
+
+def mesh(value, what: str = "mesh", *, error: type[ReaderError] = ReaderError):
+    """A ``jax.sharding.Mesh``, such as ``jax.make_mesh`` returns."""
+    from jax.sharding import Mesh
+
+    if not isinstance(value, Mesh):
+        raise error(
+            f"{what} must be a jax.sharding.Mesh such as jax.make_mesh returns, not "
+            f"{describe(value)}."
+        )
+    return value
+
+
+def compiled(value, what: str = "This", *, error: type[ReaderError] = ReaderError):
+    """A compiled program (``jax.jit(f).lower(*args).compile()``) or its text."""
+    import jax
+
+    if isinstance(value, (str, jax.stages.Compiled)):
+        return value
+    if isinstance(value, jax.stages.Lowered):
+        raise error(
+            f"{what} is a lowered program, not a compiled one; pass the result of .compile() "
+            "so the collectives the compiler inserts are there."
+        )
+    if hasattr(value, "lower") and callable(value):
+        raise error(
+            f"{what} is a function, not its compiled program; pass f.lower(*args).compile(), "
+            "compiled for the arguments you mean."
+        )
+    raise error(
+        f"{what} must be a compiled program, f.lower(*args).compile(), not {describe(value)}."
+    )
+
+
+def one_line(message: str) -> str:
+    """A message as one line: what follows its first line is left out."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return first
