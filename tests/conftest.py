@@ -1,27 +1,111 @@
-"""Shared test set-up: 8 mock CPU devices, and one build of the book per test process."""
+"""Shared test set-up: 8 mock CPU devices, each chapter executed once, one build of the book.
 
+A test run executes every chapter once as written (``chapter_run``), and the book is built from
+those executed notebooks with execution off (``built_book``), so no chapter runs a third time.
+The tests that use them share the xdist group "book", and so one worker and one set of runs.
+"""
+
+import functools
+import re
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 import pytest
+import yaml
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 import book.devices
 
 ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+CELL_TIMEOUT = 300  # seconds for one cell, as the book build allows
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of IPython's tracebacks
+# The pages with a form; test_book_build.py checks that no other page has one.
+FORM_PAGES = ("02_sharded_arrays", "05_shard_map_and_collectives", "09_tensor_parallelism")
 
 book.devices.setup(8)
 
 
+def chapters() -> list[str]:
+    """The stems of the numbered chapters, in reading order."""
+    return sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+@dataclass(frozen=True)
+class ChapterRun:
+    """One chapter executed as written: the notebook with its outputs, and why it stopped early."""
+
+    stem: str
+    path: Path  # the executed notebook, kept for the book build and for people to read
+    error: str | None  # None when every cell ran
+
+
 @pytest.fixture(scope="session")
-def built_book():
-    """Build the book into _build/html (as `make book` does) with warnings as errors."""
+def chapter_run(tmp_path_factory):
+    """``chapter_run(stem)`` executes a chapter once per test run, in an empty folder of its own.
+
+    Chapters write files (chapter 11 writes the scripts it launches), so each one runs where
+    nothing else does. A chapter that fails keeps the outputs up to and including the error, so
+    its page shows what went wrong; the error is kept for the chapter's own test to report.
+    """
+    executed = tmp_path_factory.mktemp("executed")
+
+    @functools.cache
+    def run(stem: str) -> ChapterRun:
+        nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+        folder = tmp_path_factory.mktemp(stem)
+        client = NotebookClient(
+            nb, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(folder)}}
+        )
+        try:
+            client.execute()
+            error = None
+        except (CellExecutionError, CellTimeoutError, DeadKernelError) as err:
+            error = ANSI.sub("", f"{type(err).__name__}: {err}")
+        path = executed / f"{stem}.ipynb"
+        nbformat.write(nb, path)
+        return ChapterRun(stem, path, error)
+
+    return run
+
+
+def stage_book(folder: Path, executed: list[Path]) -> None:
+    """Copy the book's sources into ``folder``, with executed chapters and execution off."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = "off"
+    (folder / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    shutil.copy(ROOT / "_toc.yml", folder)
+    for name in ("_static", "_ext"):
+        shutil.copytree(ROOT / name, folder / name)
+    (folder / "notebooks").mkdir()
+    for path in [*NOTEBOOKS.glob("*.md"), *executed]:
+        shutil.copy(path, folder / "notebooks")
+
+
+@pytest.fixture(scope="session")
+def built_book(chapter_run, tmp_path_factory):
+    """The book built from this run's executed chapters, with warnings as errors: its HTML folder.
+
+    A chapter that failed is still built (its page shows the error), so the other pages are
+    checked all the same; the chapter's own test reports the failure. The landing page's map
+    of the chapters is a Graphviz drawing, so without ``dot`` the book cannot build.
+    """
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot is not installed, and the landing page's chapter map needs it")
+    source = tmp_path_factory.mktemp("book")
+    stage_book(source, [chapter_run(stem).path for stem in chapters()])
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     done = subprocess.run(
-        [str(jupyter_book), "build", str(ROOT), "--warningiserror"],
+        [str(jupyter_book), "build", str(source), "--warningiserror"],
         capture_output=True,
         text=True,
         timeout=1800,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return ROOT / "_build" / "html"
+    if done.returncode != 0:
+        pytest.fail("the book build failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
+    return source / "_build" / "html"

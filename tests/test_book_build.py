@@ -1,104 +1,174 @@
-"""The book builds with warnings as errors, and its pages carry the executed outputs."""
+"""The book builds with warnings as errors, and its pages show what the chapters computed.
+
+Grouped by what is checked: errors and launch buttons on every chapter page, then the results
+the cells printed, the errors they provoke on purpose, tables, diagrams, plots and forms, each
+listed per page. The pages are built from the chapter runs of ``test_chapters.py``.
+"""
 
 import re
 import shutil
 
 import pytest
+from conftest import FORM_PAGES, chapters
 
-from nbconventions import ROOT, repository
+from nbconventions import repository
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
-
-
-@pytest.fixture(scope="module")
-def html(built_book):
-    return built_book
 
 
 def page(html, stem):
     return (html / "notebooks" / f"{stem}.html").read_text()
 
 
-def chapters():
-    return sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+def images(text, kind):
+    """The images of one kind (svg, png) the executed cells put on a page."""
+    return re.findall(rf'<img[^>]+src="\.\./_images/[0-9a-f]+\.{kind}"', text)
 
 
-def test_every_chapter_has_a_page_without_errors(html):
-    for stem in chapters():
-        text = page(html, stem)
-        assert "Traceback" not in text and "output error" not in text, stem
+def shortfalls(text, expected):
+    """Each expected string a page shows fewer times than it should: (string, seen, wanted).
+
+    ``expected`` lists strings (wanted at least once) and (string, at least) pairs.
+    """
+    pairs = [(e, 1) if isinstance(e, str) else e for e in expected]
+    return [(s, text.count(s), n) for s, n in pairs if text.count(s) < n]
 
 
-def test_colab_buttons_point_at_each_chapter_on_main(html):
+@pytest.mark.parametrize("stem", chapters())
+def test_chapter_page_shows_no_error(built_book, stem):
+    text = page(built_book, stem)
+    assert "Traceback" not in text and "output error" not in text
+
+
+@pytest.mark.parametrize("stem", chapters())
+def test_colab_button_opens_the_chapter_on_main(built_book, stem):
     url, branch = repository()
     repo = url.removeprefix("https://github.com/")
-    for stem in chapters():
-        link = f"colab.research.google.com/github/{repo}/blob/{branch}/notebooks/{stem}.ipynb"
-        assert link in page(html, stem), stem
+    link = f"colab.research.google.com/github/{repo}/blob/{branch}/notebooks/{stem}.ipynb"
+    assert link in page(built_book, stem)
 
 
-def test_chapter_01_shows_devices_and_diagrams(html):
-    text = page(html, "01_devices_and_meshes")
-    assert "8 devices, 8 local to process 0 of 1" in text
-    diagrams = re.findall(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.svg"', text)
-    if shutil.which("neato"):
-        assert len(diagrams) >= 3  # the 2x4 and 2x2x2 meshes, the TPU v3-8 ring
-    assert "order along the mesh axis: [0, 1, 2, 3, 6, 7, 4, 5]" in text
-
-
-def test_chapter_02_shows_shardings_and_shard_tables(html):
-    text = page(html, "02_sharded_arrays")
-    assert text.count("class='bk-dev'") >= 8 * 5
-    assert "each shard held by 4 devices" in text
-    assert "A 4x4 mesh needs 16 devices but there are 8" in text
-
-
-def test_chapters_03_04_show_collective_tables_and_the_graph(html):
-    text = page(html, "03_automatic_parallelism")
-    assert text.count("<table class='bk-hlo'>") >= 4  # collectives and the nine layouts
-    assert "all 9 layouts: output sharding and communication as expected" in text
-    assert "Three more collectives on the 2x4 mesh" in text
-    for op in ("collective-permute", "all-to-all", "reduce-scatter"):
-        assert f"<td>{op}</td>" in text, op
-    if shutil.which("dot"):
-        assert re.search(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.svg"', text)  # the HLO graph
-    text = page(html, "04_explicit_sharding")
-    assert "float32[16@data,32@model]" in text
-    assert text.count("ShardingTypeError") >= 3
-    assert "class='bk-hlo'" in text
-    assert "<th>bytes sent (ring)</th>" in text
-
-
-def test_landing_page_maps_the_chapters_and_says_how_to_read(html):
-    text = (html / "notebooks" / "intro.html").read_text()
-    assert re.search(r'<object data="\.\./_images/graphviz-[0-9a-f]+\.svg"', text)
-    text = re.sub(r"<[^>]+>", "", text)
-    for way in ("Online", "In Colab", "In Kaggle", "Locally", "make lab", "TPU v5e-8"):
-        assert way in text, way
-
-
-def test_chapters_07_to_09_show_plots_tables_and_the_strategy_form(html):
-    plot = r'<img[^>]+src="\.\./_images/[0-9a-f]+\.png"'
-    text = page(html, "07_data_parallelism")
-    assert re.search(plot, text)  # the loss curve
-    assert "loss and gradients match the single-device reference" in text
-    text = page(html, "08_fsdp")
-    assert re.search(plot, text)  # the memory per device
-    assert "FSDP with remat: same loss and gradients as DP" in text
-    text = page(html, "09_tensor_parallelism")
-    assert "measured from HLO vs formula" in text
-    assert "class='bk-form'" in text and "class='bk-data'" in text  # the static strategy form
-
-
-def test_chapter_12_shows_the_roofline_the_cost_chart_and_their_tables(html):
-    text = page(html, "12_performance")
-    plots = re.findall(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.png"', text)
-    assert len(plots) >= 2  # the roofline and the bytes-against-formulas chart
-    for caption in (
+# What cells printed after asserting it: the results the chapters check, as the reader sees them.
+RESULTS = {
+    "01_devices_and_meshes": [
+        "8 devices, 8 local to process 0 of 1",
+        "order along the mesh axis: [0, 1, 2, 3, 6, 7, 4, 5]",
+    ],
+    "02_sharded_arrays": ["each shard held by 4 devices"],
+    "03_automatic_parallelism": [
+        "all 9 layouts: output sharding and communication as expected",
+        "Three more collectives on the 2x4 mesh",
+    ],
+    "04_explicit_sharding": ["float32[16@data,32@model]"],
+    "05_shard_map_and_collectives": ["values.sum(axis=0) = [1080 1088]"],
+    "06_collective_matmul": [
+        "block of B each device holds, step by step",
+        "bytes sent per device: the same as the all-gather",
+        "bytes sent per device: the same as the reduce-scatter",
+        "6. bidirectional reduce-scatter ring",
+    ],
+    "07_data_parallelism": ["loss and gradients match the single-device reference"],
+    "08_fsdp": ["FSDP with remat: same loss and gradients as DP"],
+    "09_tensor_parallelism": ["measured from HLO vs formula"],
+    "12_performance": [
         "published peaks per chip",
         "bytes each device sends in one training step",
         "communication-bound on every chip listed",
-        "MiB per device and per ring link for S = 1 MiB",  # shown, not swallowed
         "GB/s, set by",  # which kernel set the measured bandwidth
-    ):
-        assert caption in text, caption
+    ],
+}
+
+# Errors the chapters provoke on purpose, caught and explained on the page.
+CAUGHT = {
+    "02_sharded_arrays": ["A 4x4 mesh needs 16 devices but there are 8"],
+    "04_explicit_sharding": [("ShardingTypeError", 3)],
+    "05_shard_map_and_collectives": ["so it is not a permutation"],
+    "06_collective_matmul": ["The result differs from A @ B"],  # the mis-indexed ring
+    "12_performance": ["MiB per device and per ring link for S = 1 MiB"],
+}
+
+COLLECTIVE_TITLES = [
+    "psum over i",
+    "pmean over i",
+    "all_gather, stacked (tiled=False)",
+    "all_gather, tiled=True",
+    "psum_scatter, scatter_dimension=1",
+    "ppermute, shift",
+    "ppermute, ring",
+    "all_to_all: rows in, columns out",
+]
+
+# Shard tables (bk-dev, one per device) and the compiler's collectives (bk-hlo).
+TABLES = {
+    "02_sharded_arrays": [("class='bk-dev'", 8 * 5)],
+    "03_automatic_parallelism": [
+        ("<table class='bk-hlo'>", 4),  # collectives and the nine layouts
+        "<td>collective-permute</td>",
+        "<td>all-to-all</td>",
+        "<td>reduce-scatter</td>",
+    ],
+    "04_explicit_sharding": ["class='bk-hlo'", "<th>bytes sent (ring)</th>"],
+    "05_shard_map_and_collectives": [
+        ("class='bk-dev'", 3 * 8 * len(COLLECTIVE_TITLES)),  # before and after on 8 devices
+        *(f"<b>{title}</b>" for title in COLLECTIVE_TITLES),
+    ],
+    "06_collective_matmul": [("<table class='bk-hlo'>", 6)],
+}
+
+
+@pytest.mark.parametrize(
+    "stem, expected",
+    [
+        *(pytest.param(s, e, id=f"results-{s}") for s, e in RESULTS.items()),
+        *(pytest.param(s, e, id=f"caught-{s}") for s, e in CAUGHT.items()),
+        *(pytest.param(s, e, id=f"tables-{s}") for s, e in TABLES.items()),
+    ],
+)
+def test_page_shows_what_its_cells_computed(built_book, stem, expected):
+    assert shortfalls(page(built_book, stem), expected) == []
+
+
+# Graphviz drawings: svg images from book.viz and book.hlo, an object from sphinx.ext.graphviz.
+DIAGRAMS = {
+    "01_devices_and_meshes": 3,  # the 2x4 and 2x2x2 meshes, the TPU v3-8 ring
+    "03_automatic_parallelism": 1,  # the HLO graph
+    "05_shard_map_and_collectives": 9,  # one per collective and option, and the 2D mesh
+}
+
+
+@pytest.mark.parametrize("stem", [*DIAGRAMS, "intro"])
+def test_diagrams_are_drawn(built_book, stem):
+    missing = [name for name in ("dot", "neato") if shutil.which(name) is None]
+    if missing:
+        pytest.skip(f"Graphviz's {' and '.join(missing)} not installed: diagrams are text")
+    text = page(built_book, stem)
+    if stem == "intro":  # the map of the chapters
+        assert re.search(r'<object data="\.\./_images/graphviz-[0-9a-f]+\.svg"', text)
+    else:
+        assert len(images(text, "svg")) >= DIAGRAMS[stem]
+
+
+PLOTS = {
+    "07_data_parallelism": 1,  # the loss curve
+    "08_fsdp": 1,  # the memory per device
+    "12_performance": 2,  # the roofline and the bytes-against-formulas chart
+}
+
+
+@pytest.mark.parametrize("stem", PLOTS)
+def test_plots_are_shown(built_book, stem):
+    assert len(images(page(built_book, stem), "png")) >= PLOTS[stem]
+
+
+def test_forms_are_on_their_pages_with_their_static_twins(built_book):
+    """Every form page carries its kernel-free twin (bk-form) and its pre-rendered choices."""
+    with_forms = [stem for stem in chapters() if "class='bk-form'" in page(built_book, stem)]
+    assert with_forms == list(FORM_PAGES)
+    for stem in FORM_PAGES:
+        assert "class='bk-data'" in page(built_book, stem), stem
+
+
+def test_landing_page_says_how_to_read(built_book):
+    text = re.sub(r"<[^>]+>", "", (built_book / "notebooks" / "intro.html").read_text())
+    for way in ("Online", "In Colab", "In Kaggle", "Locally", "make lab", "TPU v5e-8"):
+        assert way in text, way

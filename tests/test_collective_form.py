@@ -3,7 +3,7 @@
 import html
 import json
 import re
-import time
+import shutil
 
 import numpy as np
 import pytest
@@ -34,7 +34,7 @@ def test_psum_over_the_whole_line():
     cells = rows_of(page)
     expected = sum(forms.block_values(d, (2,)) for d in range(8)).tolist()
     assert [cells[3 * d + 2] for d in range(8)] == [expected] * 8
-    assert "all 8 devices take part" in page and "<svg" in page
+    assert "all 8 devices take part" in page
 
 
 def test_psum_over_one_axis_of_a_2d_mesh_runs_in_groups():
@@ -103,15 +103,20 @@ def test_bad_choices_give_one_sentence(args, options, sentence):
     assert "<b>device" not in page
 
 
-def test_a_new_choice_is_fast_and_a_repeated_one_immediate():
-    forms.render_collective("psum", "(8,)", "data")  # warm-up: JAX and Graphviz started
-    start = time.perf_counter()
-    forms.render_collective("pmean", "4x2", "model", block_shape="(3,)")
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    forms.render_collective("pmean", "4x2", "model", block_shape="(3,)")
-    again = time.perf_counter() - start
-    assert first < 1.0 and again < 0.01
+def test_the_data_movement_diagram_is_drawn():
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot is not installed, so the diagram is text")
+    page = forms.render_collective("psum", "(8,)", "data", block_shape="(2,)")
+    assert "<div class='bk-diagram'><svg" in page
+
+
+def test_a_repeated_choice_is_answered_from_the_cache():
+    """Going back to a choice reuses its page, so it answers without running JAX again.
+
+    How fast a new choice answers is measured by ``make bench``, not asserted here.
+    """
+    first = forms.render_collective("pmean", "4x2", "model", block_shape="(3,)")
+    assert forms.render_collective("pmean", "4x2", "model", block_shape="(3,)") is first
 
 
 def test_static_twin_offers_every_collective_and_switches_views():
