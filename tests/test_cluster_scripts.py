@@ -6,6 +6,7 @@ is opened alone (Colab, Kaggle). These tests read the scripts from those cells.
 """
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -50,13 +51,14 @@ def commands(text: str) -> list[list[str]]:
 
 def test_the_chapter_writes_every_script_it_launches_or_shows():
     files = written_files()
-    assert set(files) == {WORKER, "multihost_train.py", "broken_worker.py", *CLUSTER}
+    launched_scripts = {WORKER, "multihost_train.py", "broken_worker.py", "stuck_worker.py"}
+    assert set(files) == {*launched_scripts, *CLUSTER}
     code = "\n".join(c for c in chapter_code() if not c.startswith("%%"))
     assert f'worker = Path("{WORKER}")' in code
     assert "book.multihost.launch(worker, num_processes=2, devices_per_process=4)" in code
     assert "book.multihost.launch(worker, env=as_slurm)" in code
     launched = set(re.findall(r"book\.multihost\.launch\((\w+)", code))
-    assert len(launched) == 3
+    assert len(launched) == 4
     for name in launched:
         path = re.search(rf'^{name} = Path\("([^"]+)"\)$', code, re.M)
         assert path, f"the chapter launches {name} but does not say which file it is"
@@ -99,46 +101,186 @@ def test_the_page_can_highlight_every_script():
             assert not bad, f"{source.split()[1]}: the page cannot highlight {bad[:5]}"
 
 
+def pinned_jax() -> str:
+    """The jax version requirements.txt pins, which the cluster scripts install."""
+    found = re.search(r"^jax==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M)
+    assert found, "requirements.txt pins no jax"
+    return found.group(1)
+
+
+def stand_in(folder: Path, name: str) -> Path:
+    """An executable ``name`` that logs each call's arguments as one JSON line.
+
+    It fails when its arguments contain ``$FAIL_AT``, and sends SIGTERM to the script that
+    called it when they contain ``$TERM_AT``: a failed step and an interrupt.
+    """
+    path = folder / name
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, signal, sys\n"
+        "args = sys.argv[1:]\n"
+        "with open(os.environ['CALLS'], 'a') as log:\n"
+        "    log.write(json.dumps(args) + '\\n')\n"
+        "text = ' '.join(args)\n"
+        "if os.environ.get('TERM_AT') and os.environ['TERM_AT'] in text:\n"
+        "    os.kill(os.getppid(), signal.SIGTERM)\n"
+        "if os.environ.get('FAIL_AT') and os.environ['FAIL_AT'] in text:\n"
+        "    sys.exit(1)\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def run_script(name, tmp_path, stand_ins, **env):
+    """Run one of the chapter's cluster scripts with stand-ins for the cluster's commands."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for command in stand_ins:
+        stand_in(bin_dir, command)
+    script = tmp_path / name
+    script.write_text(written_files()[name])
+    (tmp_path / WORKER).write_text(written_files()[WORKER])
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text("")
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TPU_"))}
+    for k in ("ZONE", "ACCELERATOR_TYPE", "RUNTIME_VERSION"):
+        keep.pop(k, None)
+    full_env = {
+        **keep,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HOME": str(tmp_path),
+        "CALLS": str(calls),
+        **env,
+    }
+    done = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=full_env, capture_output=True, text=True
+    )
+    logged = [json.loads(line) for line in calls.read_text().splitlines()]
+    return done, logged
+
+
 def test_slurm_job_asks_for_nodes_tasks_and_gpus_and_sruns_the_worker():
     text = written_files()["slurm_job.sbatch"]
     assert text.startswith("#!/bin/bash\n")
     directives = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
     assert directives["nodes"] == "2"
     assert directives["ntasks-per-node"] == "4"
+    # Some Slurm versions refuse --gpus-per-task without the task count.
+    assert directives["ntasks"] == "8"
+    assert int(directives["nodes"]) * int(directives["ntasks-per-node"]) == 8
     assert directives["gpus-per-task"] == "1"
-    runs = [c for c in commands(text) if c[0] == "srun"]
-    assert len(runs) == 1 and runs[0][-2:] == ["python", WORKER]
+    assert f'"jax[cuda12]=={pinned_jax()}"' in text
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_slurm_job_checks_its_tasks_then_runs_the_worker_in_each(tmp_path):
+    """The batch script's commands, run by bash with a stand-in srun that logs its calls."""
+    done, calls = run_script("slurm_job.sbatch", tmp_path, ["srun"], SLURM_CPUS_PER_TASK="8")
+    assert done.returncode == 0, done.stderr
+    sanity, job = calls
+    # First one line per task: its rank and the GPU it sees.
+    assert sanity[:3] == ["--label", "bash", "-c"]
+    assert "$SLURM_PROCID" in sanity[3] and "$CUDA_VISIBLE_DEVICES" in sanity[3]
+    # Then the worker, every task ended as soon as one fails.
+    assert "--kill-on-bad-exit=1" in job
+    assert job[-2:] == [f"{tmp_path}/jax-env/bin/python", WORKER]
+    commands_run = commands(written_files()["slurm_job.sbatch"])
     # One GPU per task shows up as device 0 in that task; JAX must be told.
-    assert ["export", "JAX_LOCAL_DEVICE_IDS=0"] in commands(text)
+    assert ["export", "JAX_LOCAL_DEVICE_IDS=0"] in commands_run
+    assert ["export", "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK"] in commands_run
 
 
-def test_tpu_slice_copies_the_worker_and_runs_it_on_every_host():
+def gcloud_steps(calls):
+    """(verb, the call) for every gcloud compute tpus tpu-vm call, in order."""
+    steps = []
+    for call in calls:
+        assert call[:3] == ["compute", "tpus", "tpu-vm"], call
+        steps.append((call[3], call))
+    return steps
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_tpu_slice_installs_copies_runs_the_worker_on_every_host_and_deletes(tmp_path):
+    done, calls = run_script("tpu_slice.sh", tmp_path, ["gcloud"])
+    assert done.returncode == 0, done.stderr
+    steps = gcloud_steps(calls)
+    assert [verb for verb, _ in steps] == ["create", "ssh", "scp", "ssh", "delete"]
+    install, copy, run = steps[1][1], steps[2][1], steps[3][1]
+    assert all("--worker=all" in call for call in (install, copy, run))
+    # A Python recent enough for the pinned jax, and that jax, on every host.
+    command = next(a for a in install if a.startswith("--command="))
+    assert "uv venv --python 3.12 ~/jax-env" in command
+    assert f"'jax[tpu]=={pinned_jax()}'" in command
+    assert WORKER in copy
+    assert "--command=~/jax-env/bin/python multihost_worker.py" in run
+
+
+def test_the_python_the_tpu_script_installs_is_one_the_pinned_jax_supports():
+    from importlib.metadata import metadata, version
+
+    from packaging.specifiers import SpecifierSet
+
+    if version("jax") != pinned_jax():
+        pytest.skip("the installed jax is not the one requirements.txt pins")
     text = written_files()["tpu_slice.sh"]
-    steps = [c for c in commands(text) if c[:3] == ["gcloud", "compute", "tpus"]]
-    verbs = [c[4] for c in steps]
-    assert verbs == ["create", "ssh", "scp", "ssh", "delete"]
-    copy = steps[2]
-    assert WORKER in copy and "--worker=all" in copy
-    run = steps[3]
-    assert "--worker=all" in run and f"--command=python3 {WORKER}" in run
-    assert all("--worker=all" in c for c in steps if c[4] in ("ssh", "scp"))
+    python = re.search(r"uv venv --python (\S+)", text).group(1)
+    assert python in SpecifierSet(metadata("jax")["Requires-Python"])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize(
+    "fail_at, term_at",
+    [("pip install", None), ("multihost_worker.py", None), (None, "multihost_worker.py")],
+    ids=["install fails", "worker fails", "interrupted"],
+)
+def test_tpu_slice_is_deleted_however_the_script_ends(tmp_path, fail_at, term_at):
+    """A slice is billed while it exists: after a failed step or an interrupt, the script's
+    last act must still be deleting it."""
+    env = {"FAIL_AT": fail_at} if fail_at else {"TERM_AT": term_at}
+    done, calls = run_script("tpu_slice.sh", tmp_path, ["gcloud"], **env)
+    assert done.returncode != 0
+    verbs = [verb for verb, _ in gcloud_steps(calls)]
+    assert verbs[0] == "create" and verbs[-1] == "delete" and verbs.count("delete") == 1
+    assert "delete" not in verbs[:-1]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize(
+    "accelerator, runtime",
+    [
+        ("v4-32", "tpu-ubuntu2204-base"),
+        ("v5p-32", "v2-alpha-tpuv5"),
+        ("v5litepod-16", "v2-alpha-tpuv5-lite"),
+        ("v6e-16", "v2-alpha-tpuv6e"),
+    ],
+)
+def test_tpu_slice_picks_the_runtime_of_each_tpu_generation(tmp_path, accelerator, runtime):
+    """Google's table of TPU software versions: one base image per generation."""
+    done, calls = run_script("tpu_slice.sh", tmp_path, ["gcloud"], ACCELERATOR_TYPE=accelerator)
+    assert done.returncode == 0, done.stderr
+    verb, create = gcloud_steps(calls)[0]
+    assert verb == "create"
+    assert f"--accelerator-type={accelerator}" in create
+    assert f"--version={runtime}" in create
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_tpu_slice_creates_nothing_for_an_unknown_accelerator(tmp_path):
+    done, calls = run_script("tpu_slice.sh", tmp_path, ["gcloud"], ACCELERATOR_TYPE="v9-8")
+    assert done.returncode != 0 and calls == []
+    assert "RUNTIME_VERSION" in done.stderr
 
 
 def test_tpu_slice_is_the_one_the_chapter_describes():
     """A v4-32 slice: 16 chips on 4 hosts of 4, so the chapter's 4 processes and 16 devices.
-    Its default type, runtime and zone go together, and the prose names the same slice."""
+    Its default type and zone go together, and the prose names the same slice."""
     text = written_files()["tpu_slice.sh"]
-    defaults = dict(re.findall(r'^(\w+)="\$\{\w+:-([^}]+)\}"$', text, re.M))
+    defaults = dict(re.findall(r'^(\w+)="\$\{\w+:-([^}$]+)\}"$', text, re.M))
     assert defaults["ACCELERATOR_TYPE"] == "v4-32"
-    assert defaults["RUNTIME_VERSION"] == "tpu-ubuntu2204-base"
     assert defaults["ZONE"] == "us-central2-b"  # where Cloud TPU v4 is offered
-    create = [
-        c for c in commands(text) if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"]
-    ]
-    assert "--accelerator-type=$ACCELERATOR_TYPE" in create[0]
-    assert "--version=$RUNTIME_VERSION" in create[0]
+    assert f'JAX_VERSION="{pinned_jax()}"' in text
     assert "4 hosts of 4 chips: 4 JAX processes, 16 devices" in text
     nb = json.loads(CHAPTER.read_text())
     prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     assert "`v4-32`" in prose and "report `process_count: 4`" in prose
-    assert "v5litepod" not in prose + text
+    assert "not run on a real cluster" in prose

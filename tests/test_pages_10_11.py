@@ -8,6 +8,7 @@ SCRIPTS = [
     "multihost_worker.py",
     "multihost_train.py",
     "broken_worker.py",
+    "stuck_worker.py",
     "slurm_job.sbatch",
     "tpu_slice.sh",
 ]
@@ -24,6 +25,9 @@ def test_chapter_10_shows_the_pieces_and_the_training(built_book):
     assert text.count("class='bk-dev'") >= 8  # the example numbers on every device
     assert "epoch 1: 1024 examples, 1024 distinct" in text
     assert "48 steps, 1152 reads, the largest 8 rows" in text
+    # make_array_from_callback: one call per device, replicas included; one for a replicated array.
+    assert "4 distinct pieces, calls to the function: 8" in text
+    assert "1 distinct pieces, calls to the function: 1" in text
 
 
 def test_chapter_11_shows_the_output_of_every_process(built_book):
@@ -37,9 +41,13 @@ def test_chapter_11_shows_the_output_of_every_process(built_book):
     assert "epoch 1: 512 examples over all processes, each once" in text
     assert "peers detected by jax.distributed.initialize()" in text
     assert "FileNotFoundError: process 1 cannot find its shard of the data" in text
+    # The deadlock: each process last printed the collective it waits in.
+    assert "still ran after 6 s" in text
+    assert "process 1 last printed: process 1: gathering x (an all-gather)" in text
+    assert "heartbeat_timeout_seconds: " in text
     assert "[Gloo]" not in text
     # Every script is a %%writefile cell on the page; the notice that the file was written is not.
     for name in SCRIPTS:
         assert f'<span class="o">%%writefile</span> {name}' in text
-    assert "#SBATCH --gpus-per-task=1" in text
+    assert "#SBATCH --gpus-per-task=1" in text and "#SBATCH --ntasks=8" in text
     assert "Writing multihost_worker.py" not in text and "Overwriting" not in text

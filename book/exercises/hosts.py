@@ -120,8 +120,8 @@ def _worker_failure(err, name) -> str:
     if "not next to each other" in last:
         return (
             "book.data.process_slice refuses this layout: each process's devices hold two "
-            "separate blocks of rows, so there is no one block for "
-            "make_array_from_process_local_data; let each device read its own piece instead."
+            "separate blocks of rows, which one slice cannot name; let each device read its "
+            "own piece, or read both blocks and pass them concatenated in order."
         )
     if last.startswith("NameError"):
         return f"In process {err.process}, {name} raised {last}: {_IN_WORKER}."
