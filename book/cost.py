@@ -1,11 +1,16 @@
 """Textbook cost formulas, to set beside what ``book.hlo`` reads from compiled programs.
 
-The collective formulas count the bytes one device sends when ``n`` devices run the collective
-as a ring: the schedule used by NCCL and by TPU interconnects for large messages, and the one
-whose cost does not grow with ``n`` for a fixed result size. Every device both sends and receives
-this amount, so dividing by a link's bandwidth gives the time the transfer needs at best. The
-exception is the all-to-all, whose pieces for distant devices cross several links: what each
-link of a ring carries grows with ``n`` (``all_to_all_ring_link_bytes``).
+The collective formulas count bytes when ``n`` devices run the collective as a ring, the schedule
+behind the usual cost model of these collectives (NCCL uses it among others; jax-ml/scaling-book
+models TPU ICI collectives this way). One convention for ``S`` throughout: the size of the whole
+array the collective works on, as one device would hold it. An all-gather's result, a
+reduce-scatter's or all-reduce's full-size input, an all-to-all's global array (of which each
+device holds ``S / n`` before and after).
+
+Bytes become time in the alpha-beta model, ``ring_steps(op, n) * hop_latency + bytes /
+bandwidth`` (``collective_seconds``): a fixed latency for each of the ring's sequential steps, plus
+the bytes over the bandwidth. The first term grows with ``n``; for a fixed ``S`` the second does
+not.
 """
 
 from __future__ import annotations
@@ -61,38 +66,38 @@ def all_reduce_bytes(nbytes: float, n: int) -> float:
 
 
 def all_to_all_bytes(nbytes: float, n: int) -> float:
-    """Bytes each device sends in an all-to-all: ``(n - 1) / n * nbytes``.
+    """Bytes each device sends in an all-to-all of ``nbytes``: ``(n - 1) / n**2 * nbytes``.
 
-    ``nbytes`` is the array one device holds (an all-to-all keeps its size). The device splits it
-    into ``n`` pieces, keeps one and sends one to each of the other ``n - 1`` devices: this is the
-    data that must leave the device, and what a switched or fully connected network carries. On a
-    ring, pieces for distant devices are forwarded through the ones between, so each link carries
-    more: about ``n / 4`` times this on a bidirectional ring, ``n / 2`` on a one-way ring. That
-    growth with ``n`` is why all-to-all gets its own, better-connected axis in large meshes;
-    ``all_to_all_ring_link_bytes`` gives the exact figure.
+    ``nbytes`` is the global array, all devices' parts together, as for the other formulas.
+
+    Each device holds ``nbytes / n`` (an all-to-all keeps the size of each device's part); it
+    splits its part into ``n`` pieces of ``nbytes / n**2``, keeps one and sends one to each of the
+    other ``n - 1`` devices. This is what must leave each device, and what a switched network
+    (NVSwitch, say) carries. On a ring, pieces for distant devices are forwarded through the ones
+    between, so each link carries more than leaves a device: ``all_to_all_ring_link_bytes``.
     """
     _check(n)
-    return (n - 1) / n * nbytes
+    return (n - 1) / (n * n) * nbytes
 
 
 def all_to_all_ring_link_bytes(nbytes: float, n: int, bidirectional: bool = True) -> float:
-    """Bytes each link of a ring carries in an all-to-all, both directions together.
+    """Bytes each link of a ring carries in an all-to-all of a global array of ``nbytes``.
 
-    ``nbytes`` is the array one device holds; it sends a piece of ``nbytes / n`` to each other
-    device, and each piece travels from neighbour to neighbour until it arrives. On a
-    bidirectional ring it takes the shorter way round (a piece going exactly half way splits
-    evenly between the two). A piece to a device ``d`` steps away crosses ``min(d, n - d)``
-    links, which sum over ``d`` to ``n**2 // 4``; ``n`` devices send such pieces and the ring
-    has ``n`` links, all loaded alike, so each link carries ``n**2 // 4 / n * nbytes``: about
-    ``n / 4 * nbytes``, and exactly that for even ``n``. On a one-way ring a piece crosses ``d``
-    links, which sum to ``n * (n - 1) / 2``, so each link carries ``(n - 1) / 2 * nbytes``: about
-    ``n / 2 * nbytes``. Either way the traffic per link grows with ``n``, while the other ring
-    collectives put less than ``2 * nbytes`` on a link at any ``n``.
+    Both directions together. Each device sends a piece of ``nbytes / n**2`` to each other device,
+    and each piece travels from neighbour to neighbour until it arrives. On a bidirectional ring
+    it takes the shorter way round (a piece going exactly half way splits evenly between the two
+    ways). A piece to a device ``d`` steps away crosses ``min(d, n - d)`` links, which sum over
+    ``d`` to ``n**2 // 4``; ``n`` devices send such pieces and the ring has ``n`` links, all loaded
+    alike, so each link carries ``n**2 // 4 / n**2 * nbytes``: exactly ``nbytes / 4`` for even
+    ``n``. An all-gather of the same array puts ``(n - 1) / n * nbytes`` on each link, so for even
+    ``n`` the all-to-all costs ``n / (4 * (n - 1))`` of it: 2/7 at ``n = 8``, a quarter as ``n``
+    grows. On a one-way ring a piece crosses ``d`` links, which sum to ``n * (n - 1) / 2``, so
+    each link carries ``(n - 1) / (2 * n) * nbytes``, half the all-gather's.
     """
     _check(n)
     if bidirectional:
-        return n * n // 4 / n * nbytes
-    return (n - 1) / 2 * nbytes
+        return n * n // 4 / (n * n) * nbytes
+    return (n - 1) / (2 * n) * nbytes
 
 
 def collective_permute_bytes(nbytes: float) -> float:
@@ -103,10 +108,11 @@ def collective_permute_bytes(nbytes: float) -> float:
 def ring_bytes(row) -> float:
     """The formula's bytes sent per device for a row of ``book.hlo.collectives``.
 
-    The row gives the result size on one device and the group size ``n``; the formulas above
-    want the result (all-gather, all-reduce, all-to-all) or the full input (reduce-scatter,
-    ``n`` times its result), so this picks the right one. A collective-permute in which every
-    device sends to itself moves nothing.
+    The row gives the result size on one device and the group size ``n``; the formulas above want
+    the whole array: the result (all-gather, all-reduce), the full input (reduce-scatter, ``n``
+    times its result) or the global array (all-to-all, ``n`` times each device's part), so this
+    picks the right one. A collective-permute in which every device sends to itself moves
+    nothing.
     """
     n = row.group_size
     if row.op == "all-gather":
@@ -116,8 +122,50 @@ def ring_bytes(row) -> float:
     if row.op == "all-reduce":
         return all_reduce_bytes(row.bytes, n)
     if row.op == "all-to-all":
-        return all_to_all_bytes(row.bytes, n)
+        return all_to_all_bytes(row.bytes * n, n)
     if row.op == "collective-permute":
         moves = any(source != target for source, target in row.groups)
         return collective_permute_bytes(row.bytes) if moves else 0.0
     raise ValueError(f"No ring formula for {row.op!r}.")
+
+
+_STEPS = {"all-gather": 1, "reduce-scatter": 1, "all-to-all": 1, "all-reduce": 2}
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Sequential neighbour-to-neighbour steps of ``op`` on a one-way ring of ``n`` devices.
+
+    All-gather, reduce-scatter and all-to-all take ``n - 1`` steps, an all-reduce twice that (a
+    reduce-scatter, then an all-gather), a collective-permute one. Each step pays a fixed latency
+    whatever its size, so this count times the latency of one hop is the alpha-beta model's
+    latency term. It is the count NCCL's own cost model uses for its ring; a schedule that sends
+    both ways round at once needs about half as many.
+    """
+    _check(n)
+    if n == 1:
+        return 0
+    if op == "collective-permute":
+        return 1
+    if op not in _STEPS:
+        raise ValueError(f"No ring schedule for {op!r}.")
+    return _STEPS[op] * (n - 1)
+
+
+def collective_seconds(
+    link_bytes: float, steps: int, bandwidth: float, hop_latency: float
+) -> float:
+    """Alpha-beta time of a collective: ``steps * hop_latency + link_bytes / bandwidth``.
+
+    ``link_bytes`` is what the collective puts on each link of the ring, both directions together
+    (for all-gather, reduce-scatter and all-reduce, what leaves each device; on a switched network,
+    what leaves each device for every collective), ``bandwidth`` the bytes per second one device
+    sends along the mesh axis the collective runs over, both ways round together, and
+    ``hop_latency`` the fixed cost of one step in seconds. Both terms are best cases: real
+    collectives reach less than the peak bandwidth and pay start-up costs this model leaves out.
+    """
+    if bandwidth <= 0 or hop_latency < 0 or steps < 0:
+        raise ValueError(
+            "Need a positive bandwidth and a latency and step count of at least 0, not "
+            f"bandwidth={bandwidth!r}, hop_latency={hop_latency!r}, steps={steps!r}."
+        )
+    return steps * hop_latency + link_bytes / bandwidth

@@ -21,16 +21,19 @@ def test_ring_formulas_by_hand():
     assert book.cost.all_gather_bytes(800, 8) == 700
     assert book.cost.reduce_scatter_bytes(800, 8) == 700
     assert book.cost.all_reduce_bytes(800, 8) == 1400
-    assert book.cost.all_to_all_bytes(800, 8) == 700
     assert book.cost.collective_permute_bytes(800) == 800
+    # All-to-all of a global 6,400 bytes: each device holds 800, keeps 100 and sends 7 x 100.
+    assert book.cost.all_to_all_bytes(6400, 8) == 700
     # Two devices exchange halves; one device sends nothing.
     assert book.cost.all_reduce_bytes(64, 2) == 64
     assert book.cost.all_gather_bytes(64, 1) == 0
 
 
 def _routed_link_load(nbytes, n, bidirectional):
-    # Route every piece of an all-to-all hop by hop and count what each link carries.
+    # Route every piece of an all-to-all of a global array of nbytes hop by hop, and count what
+    # each link carries: each device holds nbytes / n and sends nbytes / n**2 to each other one.
     load = [0.0] * n  # link i joins devices i and i + 1 (mod n), both directions together
+    piece = nbytes / n / n
     for source in range(n):
         for d in range(1, n):
             if not bidirectional or d < n - d:
@@ -42,7 +45,7 @@ def _routed_link_load(nbytes, n, bidirectional):
             for step, hops, share in ways:
                 at = source
                 for _ in range(hops):
-                    load[at if step == +1 else (at - 1) % n] += share * nbytes / n
+                    load[at if step == +1 else (at - 1) % n] += share * piece
                     at = (at + step) % n
     return load
 
@@ -50,21 +53,43 @@ def _routed_link_load(nbytes, n, bidirectional):
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 16])
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_all_to_all_ring_link_bytes_match_routing_every_piece(n, bidirectional):
-    load = _routed_link_load(800.0, n, bidirectional)
-    expected = book.cost.all_to_all_ring_link_bytes(800.0, n, bidirectional=bidirectional)
+    load = _routed_link_load(6400.0, n, bidirectional)
+    expected = book.cost.all_to_all_ring_link_bytes(6400.0, n, bidirectional=bidirectional)
     assert load == pytest.approx([expected] * n)
 
 
-def test_all_to_all_ring_link_bytes_grow_with_n():
-    # 8 devices, bidirectional: 16 // 4 / 8 = 2 times the array per link; one-way: 7 / 2.
-    assert book.cost.all_to_all_ring_link_bytes(800, 8) == 1600
-    assert book.cost.all_to_all_ring_link_bytes(800, 8, bidirectional=False) == 2800
-    assert book.cost.all_to_all_ring_link_bytes(800, 256) == 64 * 800
-    assert book.cost.all_to_all_ring_link_bytes(800, 1) == 0
-    # Each device's own bytes stay below the array; the link's grow about as n / 4.
-    for n in (16, 64, 256):
-        assert book.cost.all_to_all_bytes(800, n) < 800
-        assert book.cost.all_to_all_ring_link_bytes(800, n) == n / 4 * 800
+def test_all_to_all_is_a_quarter_of_an_all_gather_of_the_same_array():
+    # The same global array S on a bidirectional ring: each link carries S / 4 in an
+    # all-to-all (even n) and (n - 1) / n * S in an all-gather, so the ratio is n / (4 (n - 1)).
+    s = 6400
+    assert book.cost.all_to_all_ring_link_bytes(s, 8) == s / 4 == 1600
+    assert book.cost.all_to_all_ring_link_bytes(s, 8, bidirectional=False) == 7 / 16 * s
+    assert book.cost.all_to_all_ring_link_bytes(s, 1) == 0
+    for n in (2, 8, 16, 64, 256):
+        ratio = book.cost.all_to_all_ring_link_bytes(s, n) / book.cost.all_gather_bytes(s, n)
+        assert ratio == pytest.approx(n / (4 * (n - 1)))
+        one_way = book.cost.all_to_all_ring_link_bytes(s, n, bidirectional=False)
+        assert one_way == pytest.approx(book.cost.all_gather_bytes(s, n) / 2)
+    assert ratio == pytest.approx(0.25, rel=0.01)  # n = 256
+    # What leaves each device stays below what each link carries: a ring forwards pieces.
+    for n in (4, 8, 64):
+        assert book.cost.all_to_all_bytes(s, n) < book.cost.all_to_all_ring_link_bytes(s, n)
+
+
+def test_ring_steps_and_the_alpha_beta_time():
+    assert book.cost.ring_steps("all-gather", 8) == 7
+    assert book.cost.ring_steps("reduce-scatter", 8) == 7
+    assert book.cost.ring_steps("all-to-all", 8) == 7
+    assert book.cost.ring_steps("all-reduce", 8) == 14
+    assert book.cost.ring_steps("collective-permute", 8) == 1
+    assert book.cost.ring_steps("all-reduce", 1) == 0
+    with pytest.raises(ValueError, match="No ring schedule"):
+        book.cost.ring_steps("broadcast", 8)
+    # 1,400 bytes at 100 bytes/s take 14 s; 14 steps of 1 s add 14 s more.
+    assert book.cost.collective_seconds(1400, 14, bandwidth=100, hop_latency=1) == 28
+    assert book.cost.collective_seconds(1400, 0, bandwidth=100, hop_latency=1) == 14
+    with pytest.raises(ValueError, match="positive bandwidth"):
+        book.cost.collective_seconds(1400, 14, bandwidth=0, hop_latency=1)
 
 
 @pytest.mark.parametrize("n", [0, -1, 2.5, True])
