@@ -284,3 +284,13 @@ def test_tpu_slice_is_the_one_the_chapter_describes():
     prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     assert "`v4-32`" in prose and "report `process_count: 4`" in prose
     assert "not run on a real cluster" in prose
+
+
+def test_the_page_shows_each_script_without_the_notice_that_it_was_written():
+    """A %%writefile cell prints "Writing x" or "Overwriting x"; the page leaves that out."""
+    nb = json.loads(CHAPTER.read_text())
+    for cell in nb["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "code" and text.startswith("%%writefile"):
+            tags = cell["metadata"].get("tags", [])
+            assert "remove-output" in tags, f"{text.split()[1]} shows its write notice"
