@@ -2,11 +2,15 @@
 
 ``jax.jit(f).lower(...).compile().as_text()`` is the partitioned HLO module every device runs.
 Reading it is the only way to know which communication the compiler inserted, so this module
-parses that text. XLA prints a collective's device groups in three notations, all handled here:
-explicit lists (``{{0,1},{2,3}}``), iota tiles (``[2,4]<=[8]``, ``[4,2]<=[2,4]T(1,0)``) and mesh
-axes (``mesh['axis_0'=2,'axis_1'=4] {'axis_0'}``). Group members are partition numbers: the
-positions of devices in the compiled program's device assignment, which for a mesh built by
-``jax.make_mesh`` on the book's devices are the device ids.
+parses that text. XLA prints a collective's device groups in three notations, and which one a
+collective gets depends on the collective and on the XLA version, so each is read here into the
+same tuples of device positions: explicit lists (``{{0,1},{2,3}}``), iota tiles
+(``[2,4]<=[8]``, ``[4,2]<=[2,4]T(1,0)``) and mesh axes (``mesh['data'=2,'model'=4] {'data'}``,
+the axes named after the program's mesh or ``axis_0``, ``axis_1``..., with an optional
+``device_ids=(...)``, sub-axes such as ``'model':(2)2`` and several axes in the order they
+combine, ``{'model','data'}``). Group members are partition numbers: the positions of devices
+in the compiled program's device assignment, which is the order of the mesh's devices
+(``mesh.devices.flat``).
 """
 
 from __future__ import annotations
@@ -213,60 +217,70 @@ def _explicit_groups(text: str) -> list[list[int]]:
     return [_ints(g) for g in re.findall(r"\{([^{}]*)\}", inner)]
 
 
+def _mesh_devices(sizes: list[int], ids_text: str | None) -> np.ndarray:
+    """The device array of a mesh: iota unless ``device_ids=`` gives an iota tile or a list."""
+    if not ids_text:
+        return np.arange(math.prod(sizes)).reshape(sizes)
+    iota = re.fullmatch(r"\s*\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", ids_text)
+    if iota:
+        return _iota(sizes, _ints(iota.group(1)), _ints(iota.group(2) or ""))
+    return np.array(_ints(ids_text)).reshape(sizes)
+
+
 def _mesh_groups(axes_text: str, ids_text: str | None, selected_text: str) -> list[list[int]]:
     """Expand XLA's mesh-axes notation the way XLA itself does (replica_group.cc).
 
     The mesh's device array is reshaped so that every selected (sub-)axis is a dimension of its
-    own; the selected dimensions are moved last, and each row of the result is one group.
+    own, the selected dimensions are moved last in the order the selection lists them, and each
+    row of the result is one group. ``{'b','a'}`` therefore orders a group's members by ``b``
+    first, as a dimension split ``P(('b', 'a'))`` orders its blocks.
     """
     names, sizes = [], []
     for item in _split_top(axes_text):
         name, size = item.rsplit("=", 1)
         names.append(name.strip().strip("'\""))
         sizes.append(int(size))
-    if ids_text:
-        iota = re.fullmatch(r"\s*\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", ids_text)
-        if iota:
-            devices = _iota(sizes, _ints(iota.group(1)), _ints(iota.group(2) or ""))
-        else:
-            devices = np.array(_ints(ids_text)).reshape(sizes)
-    else:
-        devices = np.arange(math.prod(sizes)).reshape(sizes)
-    refs: dict[int, list[tuple[int, int] | None]] = {}
+    devices = _mesh_devices(sizes, ids_text)
+    selected: list[tuple[int, tuple[int, int] | None]] = []
     for item in _split_top(selected_text):
         m = re.fullmatch(r"'?\"?([^'\":]+)'?\"?(?::\((\d+)\)(\d+))?", item.strip())
-        if m is None:
+        if m is None or m.group(1) not in names:
             raise ValueError(f"Cannot read the mesh axis {item!r} in replica groups.")
-        dim = names.index(m.group(1))
         sub = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
-        refs.setdefault(dim, []).append(sub)
-    reshape, grouped = [], []
+        selected.append((names.index(m.group(1)), sub))
+    reshape: list[int] = []
+    position: dict[int, int] = {}  # selected item -> its dimension after the reshape
     for dim, full in enumerate(sizes):
-        offset = len(reshape)
-        subs = refs.get(dim)
-        if not subs:
+        refs = [k for k, (d, _) in enumerate(selected) if d == dim]
+        if not refs or selected[refs[0]][1] is None:
+            if refs:
+                position[refs[0]] = len(reshape)
             reshape.append(full)
-        elif subs == [None]:
-            reshape.append(full)
-            grouped.append(offset)
-        else:
-            order = sorted(range(len(subs)), key=lambda i: subs[i][0])
-            local, where, product = [], {}, 1
-            for i in order:
-                pre, size = subs[i]
-                if pre != product:
-                    local.append(pre // product)
-                    product = pre
-                where[i] = len(local)
-                local.append(size)
-                product *= size
-            if product != full:
-                local.append(full // product)
-            reshape += local
-            grouped += [offset + where[i] for i in range(len(subs))]
+            continue
+        product = 1  # sub-axes of one axis, from its major end: (pre-size)size
+        for k in sorted(refs, key=lambda k: selected[k][1][0]):
+            pre, size = selected[k][1]
+            if pre != product:
+                reshape.append(pre // product)
+                product = pre
+            position[k] = len(reshape)
+            reshape.append(size)
+            product *= size
+        if product != full:
+            reshape.append(full // product)
+    grouped = [position[k] for k in range(len(selected))]
     perm = [d for d in range(len(reshape)) if d not in grouped] + grouped
     size = math.prod(reshape[d] for d in grouped)
     return devices.reshape(reshape).transpose(perm).reshape(-1, size).tolist()
+
+
+_MESH_GROUPS = re.compile(
+    r"mesh\[(?P<axes>[^\]]*)\]"
+    r"(?:,\s*device_ids=\((?P<ids>(?:[^()]|\([^()]*\))*)\))?"
+    r"\s*\{(?P<sel>[^}]*)\}"
+)
+_MAXIMAL_MESH = re.compile(r"maximal_mesh\[device_id=(\d+)\]\s*\{[^}]*\}")
+_IOTA_GROUPS = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 
 
 def _groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
@@ -281,19 +295,17 @@ def _groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
     if rest.startswith("{"):
         groups = _explicit_groups(rest[: _close(rest, 0)])
         return tuple(map(tuple, groups)) or (tuple(range(num_devices)),)
-    iota = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", rest)
+    iota = _IOTA_GROUPS.match(rest)
     if iota:
         dims, reshape, perm = (_ints(g or "") for g in iota.groups())
         return tuple(map(tuple, _iota(dims, reshape, perm).tolist()))
-    mesh = re.match(
-        r"mesh\[(?P<axes>[^\]]*)\]"
-        r"(?:,\s*device_ids=\((?P<ids>(?:[^()]|\([^()]*\))*)\))?"
-        r"\s*\{(?P<sel>[^}]*)\}",
-        rest,
-    )
+    mesh = _MESH_GROUPS.match(rest)
     if mesh:
         groups = _mesh_groups(mesh.group("axes"), mesh.group("ids"), mesh.group("sel"))
         return tuple(map(tuple, groups))
+    maximal = _MAXIMAL_MESH.match(rest)
+    if maximal:
+        return ((int(maximal.group(1)),),)
     raise ValueError(f"Cannot read replica groups from {rest[:80]!r}.")
 
 
@@ -648,9 +660,13 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
         called = re.search(r"calls=%?([\w.\-]+)", inst.attrs)
         body = module.computations.get(called.group(1), []) if called else []
         fused = tuple(dict.fromkeys(i.op for i in body if i.op != "parameter"))
-        details = tuple(
-            part for part in _split_top(inst.attrs.lstrip(", ")) if part.split("=", 1)[0] in _WHERE
-        )
+        parts: list[str] = []
+        for part in _split_top(inst.attrs.lstrip(", ")):
+            if part.startswith("device_ids=") and parts:  # mesh-axes groups go on past a comma
+                parts[-1] += ", " + part
+            else:
+                parts.append(part)
+        details = tuple(part for part in parts if part.split("=", 1)[0] in _WHERE)
         dims = tuple(d for _, d in _arrays(inst.type))
         operands = tuple(f"%{o}" if o in names else o for o in inst.operands)
         if any(o not in names and not re.fullmatch(r"[\w.+\-]+", o) for o in inst.operands):
@@ -674,11 +690,12 @@ def listing(compiled, *, ops=None, width: int = 88) -> str:
     """The entry computation of a compiled program as short text, one instruction at a time.
 
     ``.as_text()`` puts layouts, metadata and backend configuration on every line, which hides
-    what a reader looks for: each result's shape on one device, the parameters' shardings and
-    the collectives' groups. Here each instruction is one line (its name, result type, op and
-    operands), a fusion says which operations it merges, and only the attributes of
-    ``Instruction.details`` follow, indented. With ``ops``, only instructions doing one of them
-    are listed.
+    what a reader looks for: each result's shape on one device and the collectives' groups (and
+    the parameters' shardings, where the XLA version prints them: jax 0.10's does, 0.12's leaves
+    them out, and ``compiled.input_shardings`` has them in every version). Here each
+    instruction is one line (its name, result type, op and operands), a fusion says which
+    operations it merges, and only the attributes of ``Instruction.details`` follow, indented.
+    With ``ops``, only instructions doing one of them are listed.
     """
     rows = instructions(compiled)
     if ops is not None:

@@ -1,5 +1,7 @@
 """book.hlo on programs whose communication is known, compiled for the 8 mock CPU devices."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,8 +14,20 @@ from book.viz import Diagram, Rendered
 
 ALL = (tuple(range(8)),)
 # Ask XLA for its older replica-group notations (lists and iota tiles) instead of mesh axes,
-# so the three parsers can be checked against each other on the same program.
+# so the parsers can be checked against each other on the same program. Newer XLA (jax 0.12)
+# has this option; older XLA (jax 0.10) refuses it, and there the checks against the groups a
+# program's shardings imply (below) stand alone.
 LEGACY_GROUPS = {"xla_enable_rgv3_materialization": False}
+
+
+def compile_with_older_notations(lowered):
+    """The program compiled with lists and iota tiles for its groups, or a skip on older XLA."""
+    try:
+        return lowered.compile(compiler_options=LEGACY_GROUPS)
+    except jax.errors.JaxRuntimeError as err:
+        if "No such compile option" not in str(err):
+            raise
+        pytest.skip("this XLA has no option for the older notations (jax 0.10 prints mesh axes)")
 
 
 @pytest.fixture(scope="module")
@@ -102,30 +116,130 @@ def test_reduce_scatter_from_psum_scatter(mesh):
     assert (row.op, row.shape, row.bytes, row.groups) == ("reduce-scatter", (2, 8), 64, ALL)
 
 
-RESHARDS = [
-    ("a,b -> b,a", P("a", "b"), P("b", "a")),
-    ("a,b -> None,a", P("a", "b"), P(None, "a")),
-    ("(b,a) -> b", P(("b", "a")), P("b")),
-    ("a,b -> replicated", P("a", "b"), P()),
+def pieces(x, dim: int) -> list[tuple[int, ...]]:
+    """The groups a collective combining ``x`` along ``dim`` must have, from its sharding alone.
+
+    For an ``x`` with no replicated copies: devices whose blocks agree on every other dimension
+    hold the pieces of one slice along ``dim``, so they form a group; its members are in the
+    order of their pieces, which is the order an all-gather concatenates them in. Members are
+    positions in the mesh's device order.
+    """
+    position = {d: k for k, d in enumerate(x.sharding.mesh.devices.flat)}
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for device, index in x.sharding.devices_indices_map(x.shape).items():
+        rest = tuple((s.start, s.stop) for k, s in enumerate(index) if k != dim)
+        groups.setdefault(rest, []).append((index[dim].start or 0, position[device]))
+    return sorted(tuple(p for _, p in sorted(g)) for g in groups.values())
+
+
+# (name, source spec, what the program does, the dimension it combines along): collectives
+# whose groups the shardings imply.
+COMBINING = [
+    ("sum over a", P("a", "b"), lambda x: x.sum(0), 0),
+    ("sum over b", P("a", "b"), lambda x: x.sum(1), 1),
+    ("sum over (b,a)", P(("b", "a")), lambda x: x.sum(0), 0),
+    ("sum over (a,b)", P(("a", "b")), lambda x: x.sum(0), 0),
+    ("gather (b,a)", P(("b", "a")), "replicate", 0),
+    ("gather (a,b)", P(("a", "b")), "replicate", 0),
 ]
 
 
-@pytest.mark.parametrize("name,src,dst", RESHARDS, ids=[r[0] for r in RESHARDS])
-def test_mesh_axes_groups_match_the_older_notations(mesh2d, name, src, dst):
+@pytest.mark.parametrize("name,spec,f,dim", COMBINING, ids=[c[0] for c in COMBINING])
+def test_groups_are_the_devices_whose_pieces_combine(mesh2d, name, spec, f, dim):
+    x = put((8, 8), mesh2d, spec)
+    if f == "replicate":
+        f = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh2d, P()))
+    (row,) = book.hlo.collectives(jax.jit(f).lower(x).compile())
+    assert row.op == ("all-gather" if "gather" in name else "all-reduce")
+    assert sorted(row.groups) == pieces(x, dim), name
+
+
+def test_partial_sums_add_within_mesh_rows_and_gather_along_columns(mesh2d):
+    # Chapter 3's perceptron: jax 0.10 prints the all-reduce's groups as explicit lists, 0.12 as
+    # an iota tile, and the all-gather's as mesh axes in both.
+    x = put((16, 32), mesh2d, P("a", None))
+    w1 = put((32, 64), mesh2d, P(None, "b"))
+    w2 = put((64, 32), mesh2d, P("b", None))
+    mlp = jax.jit(
+        lambda x, w1, w2: jnp.maximum(x @ w1, 0) @ w2, out_shardings=NamedSharding(mesh2d, P())
+    )
+    reduce, gather = book.hlo.collectives(mlp.lower(x, w1, w2).compile())
+    assert (reduce.op, gather.op) == ("all-reduce", "all-gather")
+    assert reduce.groups == ((0, 1, 2, 3), (4, 5, 6, 7))  # the rows of the mesh: over b
+    assert gather.groups == ((0, 4), (1, 5), (2, 6), (3, 7))  # its columns: over a, the batch
+
+
+def test_gathering_a_2d_block_layout_goes_one_axis_at_a_time(mesh2d):
+    x = put((8, 8), mesh2d, P("a", "b"))
+    compiled = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh2d, P())).lower(x).compile()
+    rows = book.hlo.collectives(compiled)
+    assert [r.op for r in rows] == ["all-gather", "all-gather"]
+    assert {tuple(sorted(r.groups)) for r in rows} == {tuple(pieces(x, 0)), tuple(pieces(x, 1))}
+
+
+# Reshardings whose groups XLA chooses, with the groups jax 0.10 and 0.12 both produce (each
+# prints them in its own notation: mesh axes with device_ids= in 0.10, sub-axes in 0.12).
+PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7))  # mesh neighbours along b's minor half
+RESHARDS = [
+    ("a,b -> b,a", P("a", "b"), P("b", "a"), {"all-to-all": PAIRS}),
+    ("b,a -> a,b", P("b", "a"), P("a", "b"), {"all-to-all": PAIRS}),
+    ("a,b -> b,None", P("a", "b"), P("b", None), {"all-to-all": ((0, 1, 2, 3), (4, 5, 6, 7))}),
+    ("(b,a) -> b", P(("b", "a")), P("b"), {"all-gather": ((0, 4), (1, 5), (2, 6), (3, 7))}),
+]
+
+
+@pytest.mark.parametrize("name,src,dst,expected", RESHARDS, ids=[r[0] for r in RESHARDS])
+def test_resharding_groups_read_the_same_in_every_notation(mesh2d, name, src, dst, expected):
+    x = put((8, 8), mesh2d, src)
+    lowered = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh2d, dst)).lower(x)
+    rows = book.hlo.collectives(lowered.compile())
+    for op, groups in expected.items():
+        assert [sorted(r.groups) for r in rows if r.op == op] == [sorted(groups)], name
+    for r in rows:  # every collective but a permute splits the 8 devices into equal groups
+        if r.op != "collective-permute":
+            assert sorted(d for g in r.groups for d in g) == list(range(8)), (name, r)
+
+
+@pytest.mark.parametrize("name,src,dst,expected", RESHARDS, ids=[r[0] for r in RESHARDS])
+def test_mesh_axes_groups_match_the_older_notations(mesh2d, name, src, dst, expected):
     x = put((8, 8), mesh2d, src)
     lowered = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh2d, dst)).lower(x)
     new = book.hlo.collectives(lowered.compile())
-    old = book.hlo.collectives(lowered.compile(compiler_options=LEGACY_GROUPS))
-    assert new, name
-    assert [(r.op, r.groups, r.bytes) for r in new] == [(r.op, r.groups, r.bytes) for r in old]
+    old = book.hlo.collectives(compile_with_older_notations(lowered))
+    # The order in which a collective's groups are listed means nothing; their members' does.
+    assert [(r.op, sorted(r.groups), r.bytes) for r in new] == [
+        (r.op, sorted(r.groups), r.bytes) for r in old
+    ]
 
 
 def test_reduction_over_flattened_axes_matches_the_older_notation(mesh2d):
     x = put((8, 8), mesh2d, P(("b", "a")))
     lowered = jax.jit(lambda x: x.sum(0)).lower(x)
     (new,) = book.hlo.collectives(lowered.compile())
-    (old,) = book.hlo.collectives(lowered.compile(compiler_options=LEGACY_GROUPS))
+    (old,) = book.hlo.collectives(compile_with_older_notations(lowered))
     assert new.groups == old.groups == ((0, 4, 1, 5, 2, 6, 3, 7),)
+
+
+def test_the_installed_xla_prints_groups_this_module_reads(mesh, mesh2d):
+    """Every group notation in these programs parses, and mesh axes are among them.
+
+    A notation this module does not know makes ``collectives`` raise, so a JAX whose XLA
+    prints groups a new way fails here rather than in a chapter.
+    """
+    programs = [(put((8, 8), mesh2d, src), dst) for _, src, dst, _ in RESHARDS]
+    programs += [(put((8, 8), mesh2d, P("a", "b")), P()), (put((16, 8), mesh, P("x")), P())]
+    printed = []
+    for x, dst in programs:
+        out = NamedSharding(x.sharding.mesh, dst)
+        compiled = jax.jit(lambda x: x, out_shardings=out).lower(x).compile()
+        assert book.hlo.collectives(compiled)
+        for inst in book.hlo.instructions(compiled):
+            printed += [d for d in inst.details if d.startswith("replica_groups=")]
+    kinds = {re.match(r"replica_groups=(mesh\[|\[|\{)", d).group(1) for d in printed}
+    assert "mesh[" in kinds, printed
+    mesh_axes = [d for d in printed if d.startswith("replica_groups=mesh[")]
+    # Beyond one plain axis: device_ids= (jax 0.10), several axes or a sub-axis (both).
+    assert any("device_ids=" in d or ":(" in d or "','" in d for d in mesh_axes), mesh_axes
 
 
 def test_no_collectives_when_every_device_has_its_data(mesh):
@@ -189,25 +303,80 @@ def test_graph_of_async_text_shows_each_collective_once():
     assert "-start" not in diagram.source and "-done" not in diagram.source
 
 
-@pytest.mark.parametrize(
-    "groups,expected",
-    [
-        ("{}", ALL),
-        ("{{0,2},{1,3}}", ((0, 2), (1, 3))),
-        ("[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
-        ("[4,2]<=[2,2,2]T(0,2,1)", ((0, 2), (1, 3), (4, 6), (5, 7))),
-        ("mesh['a'=2,'b'=4] {'a'}", ((0, 4), (1, 5), (2, 6), (3, 7))),
-        ("mesh[a=2,b=4] {b}", ((0, 1, 2, 3), (4, 5, 6, 7))),
-        ("mesh['a'=2,'b'=4] {'a','b'}", ALL),
-        # b=4 seen as 2 x 2: b:(1)2 is its major half (b index differs by 2), b:(2)2 the minor.
-        ("mesh['a'=2,'b'=4] {'b':(1)2}", ((0, 2), (1, 3), (4, 6), (5, 7))),
-        ("mesh['a'=2,'b'=4] {'b':(2)2}", ((0, 1), (2, 3), (4, 5), (6, 7))),
-        ("mesh['a'=2,'b'=4] {'a','b':(2)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),
-        ("mesh['x'=8], device_ids=([2,4]T(1,0)) {'x'}", ((0, 4, 1, 5, 2, 6, 3, 7),)),
-        ("mesh['x'=4], device_ids=(3,2,1,0) {'x'}", ((3, 2, 1, 0),)),
-    ],
-)
-def test_replica_group_notations(groups, expected):
+# Each notation as XLA prints it, with the groups worked out by hand from XLA's definition
+# (xla/hlo/ir/replica_group.cc): the mesh's devices reshaped so that each selected (sub-)axis
+# is a dimension, the selected ones moved last in the order listed, one group per row.
+NOTATIONS = [
+    ("explicit lists (jax 0.10)", "{{0,1,2,3},{4,5,6,7}}", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("empty list: everyone", "{}", ALL),
+    ("explicit pairs", "{{0,2},{1,3}}", ((0, 2), (1, 3))),
+    ("iota (jax 0.12)", "[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("iota, transposed (both)", "[4,2]<=[2,4]T(1,0)", ((0, 4), (1, 5), (2, 6), (3, 7))),
+    ("iota, 3-d transpose (both)", "[4,2]<=[2,2,2]T(0,2,1)", ((0, 2), (1, 3), (4, 6), (5, 7))),
+    (
+        "mesh, own names (jax 0.12)",
+        "mesh['data'=2,'model'=4] {'data'}",
+        ((0, 4), (1, 5), (2, 6), (3, 7)),
+    ),
+    (
+        "mesh, axis_N names (jax 0.10)",
+        "mesh['axis_0'=2,'axis_1'=4] {'axis_1'}",
+        ((0, 1, 2, 3), (4, 5, 6, 7)),
+    ),
+    ("mesh, unquoted (XLA's tests)", "mesh[a=2,b=4] {b}", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("mesh, one axis (jax 0.12)", "mesh['x'=8] {'x'}", ALL),
+    ("mesh, size-1 axis (jax 0.10)", "mesh['axis_0'=8,'axis_1'=1] {'axis_0'}", ALL),
+    ("mesh, both axes", "mesh['a'=2,'b'=4] {'a','b'}", ALL),
+    # Listed b first: a group's members run along b first, as P(('b', 'a')) orders its blocks.
+    (
+        "mesh, axes out of order (jax 0.12)",
+        "mesh['a'=2,'b'=4] {'b','a'}",
+        ((0, 4, 1, 5, 2, 6, 3, 7),),
+    ),
+    # b=4 seen as 2 x 2: b:(1)2 is its major half (b index differs by 2), b:(2)2 the minor.
+    ("sub-axis, major half", "mesh['a'=2,'b'=4] {'b':(1)2}", ((0, 2), (1, 3), (4, 6), (5, 7))),
+    ("sub-axis, minor half (jax 0.12)", "mesh['a'=2,'b'=4] {'b':(2)2}", PAIRS),
+    ("axis and sub-axis", "mesh['a'=2,'b'=4] {'a','b':(2)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),
+    (
+        "two sub-axes, minor first",
+        "mesh['a'=2,'b'=4] {'b':(2)2,'b':(1)2}",
+        ((0, 2, 1, 3), (4, 6, 5, 7)),
+    ),
+    # jax 0.10 names the compiler's own meshes and gives their device order as an iota tile.
+    (
+        "device_ids, flattened (jax 0.10)",
+        "mesh['axis_0'=8,'axis_1'=1], device_ids=([2,4]T(1,0)) {'axis_0'}",
+        ((0, 4, 1, 5, 2, 6, 3, 7),),
+    ),
+    (
+        "device_ids, sub-axis (jax 0.10)",
+        "mesh['axis_0'=4,'axis_1'=2], device_ids=([2,2,2]T(0,2,1)) {'axis_0':(2)2}",
+        PAIRS,
+    ),
+    (
+        "device_ids, sub-axis 2 (jax 0.10)",
+        "mesh['axis_0'=2,'axis_1'=4], device_ids=([2,2,2]T(1,0,2)) {'axis_1':(2)2}",
+        ((0, 1), (4, 5), (2, 3), (6, 7)),
+    ),
+    (
+        "device_ids, 3 axes (jax 0.10)",
+        "mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}",
+        ((0, 1, 2, 3), (4, 5, 6, 7)),
+    ),
+    (
+        "device_ids, whole axis",
+        "mesh['x'=8], device_ids=([2,4]T(1,0)) {'x'}",
+        ((0, 4, 1, 5, 2, 6, 3, 7),),
+    ),
+    ("device_ids as a list", "mesh['x'=4], device_ids=(3,2,1,0) {'x'}", ((3, 2, 1, 0),)),
+    ("device_ids as a 2-d list", "mesh[a=2,b=2], device_ids=(0,2,1,3) {a}", ((0, 1), (2, 3))),
+    ("mesh, nothing selected", "mesh['a'=2,'b'=4] {}", tuple((d,) for d in range(8))),
+    ("maximal mesh", "maximal_mesh[device_id=3] {}", ((3,),)),
+]
+
+
+@pytest.mark.parametrize("name,groups,expected", NOTATIONS, ids=[n[0] for n in NOTATIONS])
+def test_replica_group_notations(name, groups, expected):
     text = (
         "HloModule m, num_partitions=8\n\nENTRY %main (p: f32[4]) -> f32[4] {\n"
         "  %p = f32[4]{0} parameter(0)\n"
@@ -216,6 +385,17 @@ def test_replica_group_notations(groups, expected):
     )
     (row,) = book.hlo.collectives(text)
     assert row.groups == expected
+    (inst,) = book.hlo.instructions(text, "all-reduce")
+    assert inst.details == (f"replica_groups={groups}",), "the listing keeps the whole notation"
+
+
+def test_an_unknown_notation_is_an_error_not_a_guess():
+    text = (
+        "HloModule m\n\nENTRY %main (p: f32[4]) -> f32[4] {\n  %p = f32[4]{0} parameter(0)\n"
+        "  ROOT %r = f32[4]{0} all-reduce(%p), replica_groups=ring<8>, to_apply=%add\n}\n"
+    )
+    with pytest.raises(ValueError, match="Cannot read replica groups"):
+        book.hlo.collectives(text)
 
 
 def test_sub_axis_groups_match_xla_on_a_real_program():
@@ -225,8 +405,8 @@ def test_sub_axis_groups_match_xla_on_a_real_program():
     lowered = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P("b", "a"))).lower(x)
     text = lowered.compile().as_text()
     assert ":(" in text, "expected a sub-axis in the mesh-axes notation"
-    old = book.hlo.collectives(lowered.compile(compiler_options=LEGACY_GROUPS))
-    assert [r.groups for r in book.hlo.collectives(text)] == [r.groups for r in old]
+    old = book.hlo.collectives(compile_with_older_notations(lowered))
+    assert [sorted(r.groups) for r in book.hlo.collectives(text)] == [sorted(r.groups) for r in old]
 
 
 def test_table_and_graph_render(mesh):
@@ -241,7 +421,8 @@ def test_table_and_graph_render(mesh):
     assert isinstance(diagram, Diagram)
     assert "all-reduce" in diagram.source
     assert "fused_computation" not in diagram.source, "fusions should be collapsed to one node"
-    assert "fusion: dot" in diagram.source
+    # The product is a node of its own, fused (jax 0.12's CPU compiler) or not (jax 0.10's).
+    assert re.search(r'label="(fusion: )?dot\\n', diagram.source), diagram.source
     assert "all-reduce" in repr(diagram)
     if diagram.svg is not None:
         assert diagram.svg.lstrip().startswith("<?xml") or "<svg" in diagram.svg
@@ -253,17 +434,23 @@ def test_table_helper_aligns_text_and_escapes_html():
     assert repr(rendered).splitlines() == ["t", "name  bytes", "<a>   1,024", "b     8"]
 
 
-def test_listing_keeps_shapes_shardings_and_groups_and_drops_the_rest(mesh2d):
+def test_listing_keeps_shapes_and_groups_and_drops_the_rest(mesh2d):
     x = put((16, 32), mesh2d, P("a", None))
     w = put((32, 8), mesh2d, P(None, "b"))
     fn = jax.jit(lambda x, w: jnp.tanh(x @ w), out_shardings=NamedSharding(mesh2d, P()))
     compiled = fn.lower(x, w).compile()
     text = book.hlo.listing(compiled)
-    assert "sharding={devices=[2,1,4]<=[8] last_tile_dim_replicate}" in text
     assert "metadata=" not in text and "{1,0}" not in text and "channel_id" not in text
     assert all(len(line) <= 88 for line in text.splitlines())
     params = [r for r in book.hlo.instructions(compiled) if r.op == "parameter"]
     assert [r.shape for r in params] == [(8, 32), (32, 2)]
+    # A parameter's sharding is listed where this XLA prints it (jax 0.10 does, 0.12 does not);
+    # the compiled program's input_shardings say it in every version.
+    entry = compiled.as_text().split("\nENTRY ", 1)[1]
+    for r in params:
+        line = next(line for line in entry.splitlines() if f"%{r.name} = " in line)
+        assert ("sharding=" in line) == any(d.startswith("sharding=") for d in r.details)
+    assert [s.spec for s in compiled.input_shardings[0]] == [P("a", None), P(None, "b")]
     gathers = book.hlo.instructions(compiled, "all-gather")  # over b, then over a
     assert [g.type for g in gathers] == ["f32[8,8]", "f32[16,8]"] and gathers[-1].root
     assert all(any(d.startswith("replica_groups=") for d in g.details) for g in gathers)

@@ -263,9 +263,9 @@ def ch03_gram(gram):
 
     Each device's rows of ``a`` give a partial ``aᵀa``; the cheap plan sums those partial
     products and keeps each device's rows of the sum (a reduce-scatter), while the expensive
-    one all-gathers ``a``. On mock CPU devices the compiler writes the reduce-scatter as an
-    all-reduce followed by a dynamic-slice of its result, so there the check asserts those two
-    and quotes the slice; elsewhere it asserts the reduce-scatter.
+    one all-gathers ``a``. A reduce-scatter passes on every platform. The CPU compiler of jax
+    0.10 and 0.12 writes it as an all-reduce followed by a dynamic-slice of its result, so on
+    CPU that passes too, once the slice is found taking the all-reduce's result, and is quoted.
     """
     import jax
     from jax.sharding import AxisType, NamedSharding
@@ -305,7 +305,7 @@ def ch03_gram(gram):
         "moves a to every device instead of summing each device's partial product.",
     )
     ops = [r.op for r in rows]
-    if jax.default_backend() != "cpu":
+    if ops == ["reduce-scatter"] or jax.default_backend() != "cpu":
         need(
             ops == ["reduce-scatter"],
             f"Expected one reduce-scatter of the partial products, but the program has "

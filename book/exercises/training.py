@@ -311,7 +311,6 @@ def _fsdp_check(fn, what, specs, seed):
     mesh = line_mesh("data")
     sizes = models.Sizes(batch=96, features=24, hidden=40, classes=16)
     params, x, y = _problem(seed, sizes)
-    ref_loss, ref_grads = _one_device(models.loss, params, x, y)
     args = _put(mesh, params, specs), _put(mesh, x, P("data")), _put(mesh, y, P("data"))
     try:
         out, compiled = compile_and_run(fn, *args)
@@ -324,6 +323,7 @@ def _fsdp_check(fn, what, specs, seed):
             "and leave a replicated one as it is."
         ) from None
     answered(out, f"{what} returns nothing yet; return (loss, grads)")
+    ref_loss, ref_grads = _one_device(models.loss, params, x, y)
     rows = book.hlo.collectives(compiled)
     sharded = {k for k, s in specs.items() if s != P()}
     _batch_stays(rows, weights=[params[k].shape for k in sharded])
