@@ -48,6 +48,7 @@ from book.exercises.training import (
     ch10_padded_epoch,
     ch10_read_once,
 )
+from book.exercises.transformer import ch13_block_bytes, ch13_fsdp_tp_rules
 
 __all__ = [
     "ch01_chip_rows",
@@ -79,6 +80,8 @@ __all__ = [
     "ch12_dp_tp_bytes",
     "ch12_intensity",
     "ch12_timer",
+    "ch13_block_bytes",
+    "ch13_fsdp_tp_rules",
     "INTENSITY_SHAPES",
     "Verdict",
     "matmul_intensity",

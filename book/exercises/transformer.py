@@ -1,0 +1,133 @@
+"""Checkers for chapter 13: the transformer of ``book.lessons.transformer`` on several meshes."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from book.exercises.core import Wrong, answered, checker, need
+
+_FAST = {"xla_backend_optimization_level": 0}
+
+
+def _batch(rng, cfg, batch, seq):
+    pairs = rng.integers(0, cfg.vocab, (batch, 2))
+    tokens = np.tile(pairs, (1, seq // 2 + 1))[:, : seq + 1].astype(np.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _auto_mesh(shape, names):
+    import jax
+    from jax.sharding import AxisType
+
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+
+
+def _named(tree):
+    """(path, logical names) for every parameter of ``PARAM_AXES``."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda n: isinstance(n, tuple))
+    return [("/".join(str(getattr(k, "key", k)) for k in path), names) for path, names in leaves]
+
+
+@checker
+def ch13_fsdp_tp_rules(rules):
+    """Exercise 13.1: rules for FSDP and DP over ``data``, TP over ``model``, on 4x2."""
+    import chex
+    import jax
+
+    from book.lessons import transformer as tr
+
+    answered(rules, "set rules to a dict from logical names to mesh axes")
+    need(isinstance(rules, dict), f"rules is a {type(rules).__name__}; make it a dict.")
+    for name, axes in rules.items():
+        listed = (axes,) if isinstance(axes, str) else axes
+        need(
+            axes is None
+            or (isinstance(listed, tuple) and all(a in ("data", "model") for a in listed)),
+            f"The rule for {name!r} names {axes!r}; this mesh has the axes 'data' and 'model'.",
+        )
+    right = {"batch": "data", "embed": "data", "heads": "model", "mlp": "model", "vocab": "model"}
+    arrays = [
+        ("the residual stream", tr.STREAM),
+        ("the batch of tokens", ("batch", None)),
+        *_named(tr.PARAM_AXES),
+    ]
+    for what, names in arrays:
+        got, want = tr.logical_spec(names, rules), tr.logical_spec(names, right)
+        if got == want:
+            continue
+        dims = ", ".join(repr(n) for n in names)
+        raise Wrong(
+            f"{what} ({dims}) gets {got}, but FSDP over data and TP over model split it as {want}."
+        )
+    cfg = tr.Config()
+    params = tr.init_params(cfg, seed=13)
+    tokens, targets = _batch(np.random.default_rng(13), cfg, 8, 16)
+    layout = tr.Layout(_auto_mesh((4, 2), ("data", "model")), dict(rules))
+    with jax.default_matmul_precision("highest"):
+        one = tr.make_step(cfg).lower(params, tokens, targets).compile(_FAST)
+        mine = tr.make_step(cfg, layout).lower(params, tokens, targets).compile(_FAST)
+        _, ref_loss, ref_grads = one(params, tokens, targets)
+        _, loss, grads = mine(params, tokens, targets)
+    chex.assert_trees_all_close(loss, ref_loss, rtol=1e-5)
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
+    return (
+        "Every parameter is split by embed over data and by heads, mlp or vocab over model, "
+        "the batch over data, and one step equals one device's."
+    )
+
+
+def _loop_bytes(compiled):
+    """Bytes each device sends in the loop bodies of a compiled step: one layer's worth."""
+    import book.hlo
+    from book import cost
+
+    bodies = set(re.findall(r"body=%?([\w.\-]+)", compiled.as_text()))
+    return sum(
+        cost.ring_bytes(r) for r in book.hlo.collectives(compiled) if r.computation in bodies
+    )
+
+
+@checker
+def ch13_block_bytes(block_bytes):
+    """Exercise 13.2: bytes one device sends over ``model`` per layer, TP on 8, batch 32."""
+    import jax
+
+    from book import cost
+    from book.lessons import transformer as tr
+
+    answered(block_bytes, "set block_bytes to a number of bytes")
+    need(
+        isinstance(block_bytes, (int, float, np.number)) and not isinstance(block_bytes, bool),
+        f"block_bytes is a {type(block_bytes).__name__}; give a number of bytes.",
+    )
+    batch, seq = 32, 16
+    cfg = tr.Config()
+    rules = {"heads": "model", "mlp": "model", "vocab": "model"}
+    layout = tr.Layout(_auto_mesh((8,), ("model",)), rules)
+    tokens, targets = _batch(np.random.default_rng(0), cfg, batch, seq)
+    with jax.default_matmul_precision("highest"):
+        step = tr.make_step(cfg, layout).lower(tr.init_params(cfg), tokens, targets)
+        real = _loop_bytes(step.compile(_FAST))
+    stream = batch * seq * cfg.d_model * 4
+    wrong = {
+        2 * cost.all_reduce_bytes(stream, 8): "that is the forward loop only; the backward "
+        "loop all-reduces the gradients of both sublayers' inputs too",
+        4 * stream: "those are the sizes of the four arrays; on a ring of n devices each "
+        "device sends 2(n-1)/n of an array it all-reduces",
+        4 * cost.all_reduce_bytes(stream / 8, 8): "TP does not split the batch: every device "
+        "of model holds all 32 sequences",
+        2 * cost.all_reduce_bytes(stream, 8) * 2 * 2: "count each all-reduce once per layer",
+    }
+    for value, why in wrong.items():
+        if abs(value - real) > 4:
+            need(abs(block_bytes - value) > 4, f"Not {block_bytes:,.0f} bytes: {why}.")
+    need(
+        abs(block_bytes - real) <= 4,
+        f"Not {block_bytes:,.0f} bytes: count the all-reduces per block, forward and backward, "
+        "each of the residual stream (batch, seq, d_model) in float32.",
+    )
+    return f"{real:,.0f} bytes per device and layer, as the compiled step's loops send."
