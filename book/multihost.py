@@ -637,7 +637,8 @@ def launch(
                         start_new_session=True,
                     )
                 )
-        _wait(procs, folder, path, timeout, deadline, seen, port)
+        address = extras[0].get("JAX_COORDINATOR_ADDRESS") or coordinator
+        _wait(procs, folder, path, timeout, deadline, seen, address, address != coordinator)
         return _outputs(folder, num_processes, path)
     finally:
         with _interrupts_deferred():
@@ -652,7 +653,8 @@ def _wait(
     timeout: float,
     deadline: float,
     seen: dict[int, int],
-    port: int,
+    address: str,
+    chosen_by_reader: bool,
 ) -> None:
     """Return when every worker has exited cleanly; raise at the first failure or the timeout.
 
@@ -668,10 +670,15 @@ def _wait(
             i = failed[0]
             clash = [j for j in failed if _PORT_CLASH.search(_log(folder, j))]
             if clash:
+                fix = (
+                    "choose another port in JAX_COORDINATOR_ADDRESS"
+                    if chosen_by_reader
+                    else "run the launch again, which picks a new free port"
+                )
                 raise WorkerError(
-                    f"The coordinator could not listen on port {port}: another program took it "
-                    f"after launch chose it, so process {clash[0]} of {n} failed and all workers "
-                    "were stopped; run the launch again, which picks a new free port.",
+                    f"The coordinator could not listen on {address}: another program is using "
+                    f"that port, so process {clash[0]} of {n} failed and all workers were "
+                    f"stopped; {fix}.",
                     clash[0],
                     _outputs(folder, n, path),
                 )

@@ -109,10 +109,36 @@ def test_setup_with_another_count_says_restart():
     assert "restart the kernel to run with 4" in out
 
 
-@pytest.mark.parametrize("bad", [0, -2, 2.5, "8", True])
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "8", True, "²", None, [8]])
 def test_setup_rejects_odd_counts(bad):
-    with pytest.raises(devices.SetupError, match="positive whole number"):
+    with pytest.raises(devices.SetupError, match="positive whole number") as caught:
         devices.setup(bad)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("absurd", [2**31, 10**10000], ids=["2**31", "10**10000"])
+def test_setup_refuses_absurd_counts_before_any_work(absurd):
+    called = []
+    with pytest.raises(devices.SetupError, match="too large") as caught:
+        devices.setup(absurd, detect=lambda: called.append(1))
+    assert not called and len(str(caught.value)) < 200
+
+
+def test_setup_refuses_more_mock_devices_than_a_machine_holds():
+    """Without accelerators the plan is mock CPU devices; 4096 of them are refused at once."""
+    rc, out = run_python(
+        "import book.devices as d\n"
+        "try:\n    d.setup(4096, detect=lambda: None)\nexcept d.SetupError as e:\n"
+        "    print('SAID:', e)"
+    )
+    assert rc == 0, out
+    assert "SAID:" in out and "at most 512" in out
+
+
+def test_setup_takes_a_numpy_integer():
+    import numpy as np
+
+    assert devices.setup(np.int64(8)).requested == 8  # the conftest's setup(8), repeated
 
 
 def test_reader_errors_render_as_one_line():

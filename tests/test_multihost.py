@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -335,3 +336,225 @@ def test_free_ports_differ_and_bind():
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
     assert os.environ.get("JAX_PROCESS_ID") is None  # launch never touches its own environment
+
+
+# Faults: each checks that no process and no folder of the launch is left.
+
+
+def folders_of(pid: int) -> list[Path]:
+    """The launch folders a process made, by the pid in their names."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"book-multihost-{pid}-*"))
+
+
+@pytest.mark.parametrize(
+    "timeout, why",
+    [
+        (float("nan"), "not nan"),
+        (0, "more than 0 seconds"),
+        (-5, "more than 0 seconds"),
+        (float("inf"), "longer than the book ever waits"),
+        (10**400, "longer than the book ever waits"),
+        (True, "number of seconds"),
+        ("60", "number of seconds"),
+    ],
+    ids=["nan", "zero", "negative", "inf", "10**400", "True", "text"],
+)
+def test_timeouts_that_cannot_work_are_refused(tmp_path, timeout, why):
+    script = tmp_path / "ok.py"
+    script.write_text("")
+    with pytest.raises(ReaderError, match=why) as caught:
+        launch(script, timeout=timeout)
+    assert "\n" not in str(caught.value)
+    assert not folders_of(os.getpid())
+
+
+@pytest.mark.parametrize(
+    "kwargs, why",
+    [
+        ({"num_processes": 1000}, "more processes than this machine can run at once"),
+        ({"num_processes": 2**31}, "more processes than this machine can run at once"),
+        ({"num_processes": True}, "positive whole number"),
+        ({"num_processes": "2"}, "positive whole number"),
+        ({"devices_per_process": 10**6}, "more CPU devices than one process needs"),
+        ({"args": "abc"}, "list or tuple"),
+        ({"args": [object()]}, "a text, a number or a path"),
+        ({"env": {"A": object()}}, "give a text, a number, or None"),
+        ({"env": {"A=B": "1"}}, "not a variable name"),
+        ({"env": lambda i: 1 / 0}, "env\\(0\\) raised ZeroDivisionError"),
+        ({"env": 5}, "mapping of variables"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_arguments_that_cannot_work_are_refused_before_any_process(tmp_path, kwargs, why):
+    script = tmp_path / "ok.py"
+    script.write_text("")
+    with pytest.raises(ReaderError, match=why) as caught:
+        launch(script, **kwargs)
+    assert "\n" not in str(caught.value)
+    assert not folders_of(os.getpid())
+
+
+def test_numpy_integers_are_process_counts(tmp_path):
+    import numpy as np
+
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    assert launch(script, num_processes=np.int64(2), devices_per_process=np.int32(1)) == [
+        "hello\n",
+        "hello\n",
+    ]
+
+
+def test_a_crash_leaves_no_process_and_no_folder(sleeper, tmp_path):
+    with pytest.raises(WorkerError, match="ValueError: worker 0 cannot go on"):
+        launch(sleeper, num_processes=2, timeout=60, args=[tmp_path, "crash", "child"])
+    assert_nothing_left(tmp_path, recorded_pids(tmp_path))
+    assert not folders_of(os.getpid())
+
+
+def test_a_flood_of_output_keeps_only_its_tail(tmp_path):
+    """5 MB on one line of stderr, and 2 MB of printed lines: the error is a few lines long."""
+    script = tmp_path / "flood.py"
+    script.write_text(
+        "import sys\n"
+        "for k in range(200_000):\n"
+        "    print(f'line {k:07d}')\n"
+        "sys.stderr.write('x' * 5_000_000 + '\\n')\n"
+        "sys.exit(3)\n"
+    )
+    with pytest.raises(WorkerError) as caught:
+        launch(script, num_processes=2, timeout=60)
+    message = str(caught.value)
+    assert len(message) < 3000, len(message)
+    assert "failed with exit code 3" in message and "more characters)" in message
+    out = caught.value.outputs[caught.value.process]  # it printed everything, then failed
+    assert out.startswith("[") and "earlier bytes of output left out]" in out.splitlines()[0]
+    assert out.rstrip().endswith("line 0199999")
+    assert len(out) <= book.multihost.OUTPUT_BYTES + 100
+    assert_nothing_left(tmp_path)
+    assert not folders_of(os.getpid())
+
+
+GRANDPARENT = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    folder, how = sys.argv[1:]
+    me = int(os.environ["JAX_PROCESS_ID"])
+    if how == "direct":  # a child in a session of its own, left running
+        pid = subprocess.Popen(["sleep", "300"], start_new_session=True).pid
+    else:  # a grandchild in its own session whose parent has already exited
+        code = (
+            "import subprocess as s; print(s.Popen(['sleep', '300'], start_new_session=True, "
+            "stdout=s.DEVNULL, stderr=s.DEVNULL).pid)"
+        )
+        pid = int(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                 text=True).stdout)
+    with open(os.path.join(folder, f"pids.{me}"), "w") as f:
+        f.write(str(pid))
+    print("started", pid, flush=True)
+    if how == "exit_at_once":
+        time.sleep(0.6)  # long enough for launch to see it
+        os._exit(0)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["direct", "orphan", "exit_at_once"])
+def test_what_workers_start_in_sessions_of_their_own_ends_with_the_launch(tmp_path, how):
+    script = tmp_path / "grandparent.py"
+    script.write_text(GRANDPARENT)
+    outputs = launch(script, num_processes=2, timeout=60, args=[tmp_path, how])
+    assert all(out.startswith("started") for out in outputs)
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2
+    assert_nothing_left(tmp_path, pids)
+    assert not folders_of(os.getpid())
+
+
+def test_the_time_limit_covers_starting_the_workers(tmp_path, monkeypatch):
+    """Workers that take long to start count against the timeout too."""
+    script = tmp_path / "quick.py"
+    script.write_text("print('done')\n")
+    real_popen = subprocess.Popen
+
+    def slow_popen(*args, **kwargs):
+        time.sleep(0.6)
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(book.multihost.subprocess, "Popen", slow_popen)
+    with pytest.raises(WorkerError, match="had started after 1 s"):
+        launch(script, num_processes=4, timeout=1)
+    assert_nothing_left(tmp_path)
+    assert not folders_of(os.getpid())
+
+
+def test_a_port_clash_is_named(tmp_path):
+    """Another program listens on the coordinator's port: process 0 cannot start it."""
+    import socket
+
+    script = tmp_path / "jax_worker.py"
+    script.write_text(JAX_WORKER)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(
+            WorkerError, match=f"could not listen on 127.0.0.1:{port}: another program"
+        ) as caught:
+            launch(
+                script,
+                num_processes=2,
+                devices_per_process=1,
+                timeout=60,
+                env={"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}"},
+            )
+    assert "\n" not in str(caught.value)
+    assert_nothing_left(tmp_path)
+    assert not folders_of(os.getpid())
+
+
+DRIVER_SESSION = (
+    "import sys, book.multihost as m; "
+    "m.launch(sys.argv[1], num_processes=2, timeout=120, args=[sys.argv[2], 'direct'])"
+)
+WAITER = GRANDPARENT + "\ntime.sleep(300)\n"
+
+
+@pytest.mark.parametrize("how", ["interrupt", "kill"])
+def test_a_stopped_launcher_leaves_no_grandchild_and_no_folder(tmp_path, how):
+    """SIGINT (a notebook's interrupt button) or SIGKILL (a kernel killed outright)."""
+    if how == "kill" and not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER_SESSION, str(script), str(tmp_path)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_pid_files(tmp_path, 2)
+        time.sleep(0.5)  # the workers are past writing their pid files
+        pids = recorded_pids(tmp_path)
+        assert all(alive(pid) for pid in pids) and folders_of(driver.pid)
+        driver.send_signal(signal.SIGINT if how == "interrupt" else signal.SIGKILL)
+        _, stderr = driver.communicate(timeout=30)
+    finally:
+        driver.kill()
+        driver.wait()
+    if how == "interrupt":
+        assert "KeyboardInterrupt" in stderr
+    assert_nothing_left(tmp_path, pids)
+    deadline = time.monotonic() + 5
+    while folders_of(driver.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not folders_of(driver.pid)
+
+
+def test_folders_of_dead_launchers_are_swept(tmp_path):
+    stale = Path(tempfile.mkdtemp(prefix="book-multihost-999999999-"))
+    (stale / "0.out").write_text("left behind")
+    script = tmp_path / "ok.py"
+    script.write_text("")
+    launch(script, num_processes=2, devices_per_process=1)
+    assert not stale.exists()
