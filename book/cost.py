@@ -15,10 +15,13 @@ not.
 
 from __future__ import annotations
 
+from book import validate
+
 
 def _check(n: int) -> None:
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"A ring needs a positive whole number of devices, not {n!r}.")
+    validate.whole(
+        n, "A ring's number of devices", high=validate.MAX_DEVICES, error=validate.BadValue
+    )
 
 
 def matmul_flops(m: int, k: int, n: int, batch: int = 1) -> int:

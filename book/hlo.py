@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from book import validate
 from book.viz import Diagram, Rendered
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
@@ -83,13 +84,9 @@ class _Module:
 
 
 def _text(compiled) -> str:
+    validate.compiled(compiled)  # a function or a lowered program gets one sentence
     if isinstance(compiled, str):
         return compiled
-    if type(compiled).__name__ == "Lowered":
-        raise TypeError(
-            "This is a lowered program, not a compiled one; pass the result of .compile() "
-            "so the collectives the compiler inserts are there."
-        )
     return compiled.as_text()
 
 

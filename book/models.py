@@ -14,13 +14,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from book import validate
+
 _TEACHER = 7  # the teacher's own random stream, apart from every seed's inputs
 
 
 def _generator(seed) -> np.random.Generator:
     """NumPy's generator for an integer seed, or for the bits of a ``jax.random`` key."""
-    if isinstance(seed, (int, np.integer)):
-        return np.random.default_rng(int(seed))
+    if isinstance(seed, (int, np.integer, bool, np.bool_)):
+        return np.random.default_rng(validate.whole(seed, "seed", low=0, example=0))
+    if not isinstance(seed, jax.Array):
+        raise validate.WrongKind(
+            f"seed must be a whole number or a jax.random key, not {validate.describe(seed)}."
+        )
     return np.random.default_rng(np.asarray(jax.random.key_data(seed)).ravel().tolist())
 
 
@@ -97,6 +103,13 @@ def synthetic_data(seed, n: int, features: int, classes: int, dtype=np.float32):
     well below ``log(classes)``, which makes a loss curve worth drawing. The teacher depends on
     ``features`` and ``classes`` only, not on ``seed``, so every seed draws from the same task.
     """
+    n = validate.whole(n, "n", high=2**24, example=1024)
+    features = validate.whole(features, "features", high=2**16, example=16)
+    classes = validate.whole(classes, "classes", high=2**16, example=4)
+    if n * features > 2**26:
+        raise validate.BadValue(
+            f"{n:,} examples of {features:,} features would take more than 256 MiB; use fewer."
+        )
     teacher = np.random.default_rng([_TEACHER, features, classes]).standard_normal(
         (features, classes)
     )

@@ -18,7 +18,7 @@ import jax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from book import cost, hlo, models
+from book import cost, hlo, models, validate
 
 STRATEGIES = ("DP", "FSDP", "TP", "DP x TP")
 # The mesh axes each strategy uses, in mesh order.
@@ -142,14 +142,27 @@ class Analysis:
 INSPECT_ONLY = {"xla_backend_optimization_level": 0}
 
 
-@functools.lru_cache(maxsize=64)
 def analyze(strategy: str, mesh_shape: tuple[int, ...], sizes: models.Sizes) -> Analysis:
     """Compile one step of ``strategy`` (cached) and read what it costs each device.
 
-    Inputs are assumed valid (see ``book.forms.render_strategy`` for the checks a reader's
-    choices go through). Collectives over groups of a single device move nothing and are left
-    out.
+    The choice goes through the strategy form's checks first (``book.forms.check_strategy``),
+    so one that cannot work is one sentence. Collectives over groups of a single device move
+    nothing and are left out.
     """
+    from book import forms, specs
+
+    shape = validate.sizes(mesh_shape, "The mesh shape", error=specs.SpecError)
+    if not isinstance(sizes, models.Sizes):
+        raise specs.SpecError(
+            "sizes must be a book.models.Sizes(batch, features, hidden, classes), not "
+            f"{validate.describe(sizes)}."
+        )
+    shape, sizes = forms.check_strategy(strategy, "x".join(map(str, shape)), *sizes)
+    return _analyze(strategy, shape, sizes)
+
+
+@functools.lru_cache(maxsize=64)
+def _analyze(strategy: str, mesh_shape: tuple[int, ...], sizes: models.Sizes) -> Analysis:
     m = mesh(strategy, mesh_shape)
     params, x, y = abstract_inputs(strategy, m, sizes)
     compiled = train_step(strategy, m).lower(params, x, y).compile(INSPECT_ONLY)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from book import validate
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -49,8 +51,9 @@ def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Ti
 
     The warm-up calls absorb tracing and compilation, so the timed runs see only execution.
     """
-    if warmup < 0 or runs < 1:
-        raise ValueError(f"Need warmup >= 0 and runs >= 1, not warmup={warmup}, runs={runs}.")
+    validate.callable_(f, "f", error=validate.WrongKind)
+    warmup = validate.whole(warmup, "warmup", low=0, high=1000, example=2, error=validate.BadValue)
+    runs = validate.whole(runs, "runs", high=100_000, example=10, error=validate.BadValue)
     for _ in range(warmup):
         _block(f(*args, **kwargs))
     times = []

@@ -29,6 +29,15 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}", re.ASCII)
 _WORKER_BYTES = 300 * 2**20  # what one JAX worker process needs, roughly
 
 
+class BadValue(ReaderError, ValueError):
+    """A value of the right kind that cannot work, such as a ring of no devices."""
+
+
+class WrongKind(ReaderError, TypeError):
+    """A wrong kind of thing passed where the book needs another, such as a NumPy array for a
+    ``jax.Array`` or a function for its compiled program."""
+
+
 def describe(value, limit: int = 40) -> str:
     """``value`` as a message can quote it: short, on one line, and never an error of its own.
 
@@ -61,6 +70,8 @@ def describe(value, limit: int = 40) -> str:
 
 def kind(value) -> str:
     """The type of ``value`` with its article: ``a list``, ``an ndarray``."""
+    if isinstance(value, np.ndarray):
+        return "a NumPy array"
     name = type(value).__name__
     return ("an " if name[:1].lower() in "aeiou" else "a ") + name
 
@@ -259,7 +270,7 @@ def processes(value, name: str, *, error: type[ReaderError] = ReaderError) -> in
     )
 
 
-def array(value, what: str, *, error: type[ReaderError] = ReaderError):
+def array(value, what: str, *, error: type[ReaderError] = WrongKind):
     """A concrete ``jax.Array`` (not a NumPy array, and not a traced value inside ``jit``)."""
     import jax
 
@@ -274,7 +285,7 @@ def array(value, what: str, *, error: type[ReaderError] = ReaderError):
     return value
 
 
-def mesh(value, what: str = "mesh", *, error: type[ReaderError] = ReaderError):
+def mesh(value, what: str = "mesh", *, error: type[ReaderError] = WrongKind):
     """A ``jax.sharding.Mesh``, such as ``jax.make_mesh`` returns."""
     from jax.sharding import Mesh
 
@@ -286,7 +297,7 @@ def mesh(value, what: str = "mesh", *, error: type[ReaderError] = ReaderError):
     return value
 
 
-def compiled(value, what: str = "This", *, error: type[ReaderError] = ReaderError):
+def compiled(value, what: str = "This", *, error: type[ReaderError] = WrongKind):
     """A compiled program (``jax.jit(f).lower(*args).compile()``) or its text."""
     import jax
 
@@ -305,9 +316,3 @@ def compiled(value, what: str = "This", *, error: type[ReaderError] = ReaderErro
     raise error(
         f"{what} must be a compiled program, f.lower(*args).compile(), not {describe(value)}."
     )
-
-
-def one_line(message: str) -> str:
-    """A message as one line: what follows its first line is left out."""
-    first = message.strip().splitlines()[0] if message.strip() else ""
-    return first

@@ -131,7 +131,7 @@ def _index_key(index, shape):
 
 def summarize(x) -> Summary:
     """Shard shape, bytes per device and replication of a ``jax.Array``."""
-    validate.array(x, "summarize's argument", error=VizError)
+    validate.array(x, "summarize's argument")
     shards = x.addressable_shards
     keys = {_index_key(s.index, x.shape) for s in shards}
     per_device = {}
@@ -217,7 +217,7 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str
     Devices holding the same slice share a colour, so replication is visible at a glance.
     ``name`` labels each index (``w1[0:2, :]``), so tables of several arrays tell them apart.
     """
-    validate.array(x, "shard_table's argument", error=VizError)
+    validate.array(x, "shard_table's argument")
     show_ids = validate.flag(show_ids, "show_ids", error=VizError)
     title = validate.optional_text(title, "the title", example="'x'", error=VizError)
     name = validate.text(name, "the name", example="'x'", limit=40, error=VizError)
@@ -292,7 +292,7 @@ def mesh_diagram(mesh, *, title: str | None = None) -> Diagram:
 
     Each box shows a device id and, below it, the device's coordinates along the mesh axes.
     """
-    validate.mesh(mesh, error=VizError)
+    validate.mesh(mesh)
     title = validate.optional_text(title, "the title", example="'mesh'", error=VizError)
     if mesh.size > MAX_BLOCKS:
         raise VizError(f"The mesh has {mesh.size} devices; a diagram shows at most {MAX_BLOCKS}.")
@@ -418,7 +418,7 @@ def device_blocks(x) -> list[tuple[str, np.ndarray]]:
     For the output of ``jax.shard_map`` this is exactly what each device's function returned,
     whether ``out_specs`` concatenates the blocks or promises they are equal.
     """
-    validate.array(x, "device_blocks's argument", error=VizError)
+    validate.array(x, "device_blocks's argument")
     by_device = {s.device: np.asarray(s.data) for s in x.addressable_shards}
     mesh = getattr(x.sharding, "mesh", None)
     if mesh is None or not hasattr(mesh, "devices"):

@@ -80,5 +80,5 @@ def test_text_and_bad_arguments():
     assert timing.format_seconds(0.0031) == "3.1 ms"
     assert timing.format_seconds(2.05) == "2.05 s"
     assert str(timing.Timing(0.002, 0.001, (0.001, 0.002, 0.003))).startswith("2 ms (median of 3")
-    with pytest.raises(ValueError, match="runs >= 1"):
+    with pytest.raises(ValueError, match="runs must be a positive whole number"):
         timing.measure(lambda: 1, runs=0)
