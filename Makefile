@@ -24,7 +24,7 @@ book: $(STAMP) check-dot
 	$(BIN)/jupyter-book build . --warningiserror --keep-going
 
 test: $(STAMP) check-dot
-	$(BIN)/pytest -n 2 --dist loadgroup tests
+	$(BIN)/pytest -n 2 --dist loadgroup --durations=10 tests
 
 # Every chapter alone in an empty folder, the package installed --no-deps beside pyproject's
 # dependencies only, as Colab and Kaggle run it: on the oldest jax the book supports (with

@@ -32,8 +32,16 @@ book.devices.setup(8)
 
 
 def chapters() -> list[str]:
-    """The stems of the numbered chapters, in reading order."""
+    """The stems of the numbered chapters in notebooks/, in reading order."""
     return sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def pages() -> list[str]:
+    """Every page of the book, in the order of _toc.yml: a chapter has a page once listed there."""
+    toc = (ROOT / "_toc.yml").read_text()
+    files = re.findall(r"^\s*(?:root|- file):\s*notebooks/(\S+)", toc, re.M)
+    assert files, "no pages in _toc.yml"
+    return files
 
 
 @dataclass(frozen=True)

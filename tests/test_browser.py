@@ -8,13 +8,12 @@ _build/screenshots for people to look at.
 import functools
 import http.server
 import os
-import re
 import shutil
 import threading
 from urllib.parse import urlparse
 
 import pytest
-from conftest import FORM_PAGES
+from conftest import FORM_PAGES, pages
 
 from nbconventions import ROOT
 
@@ -39,14 +38,6 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's c
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
-
-
-def pages():
-    """Every page of the book, in the order of _toc.yml."""
-    toc = (ROOT / "_toc.yml").read_text()
-    files = re.findall(r"^\s*(?:root|- file):\s*notebooks/(\S+)", toc, re.M)
-    assert files, "no pages in _toc.yml"
-    return files
 
 
 @pytest.fixture(scope="module")
