@@ -22,6 +22,11 @@ from book.exercises.arrays import (
     ch04_small_operand,
 )
 from book.exercises.core import Verdict
+from book.exercises.experts import (
+    ch15_all_to_all_bytes,
+    ch15_capacity,
+    ch15_merge_normalized,
+)
 from book.exercises.hosts import (
     INTENSITY_SHAPES,
     ch11_column_means,
@@ -82,6 +87,9 @@ __all__ = [
     "ch12_timer",
     "ch13_block_bytes",
     "ch13_fsdp_tp_rules",
+    "ch15_all_to_all_bytes",
+    "ch15_capacity",
+    "ch15_merge_normalized",
     "INTENSITY_SHAPES",
     "Verdict",
     "matmul_intensity",
