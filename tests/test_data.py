@@ -165,3 +165,89 @@ def test_local_values_counts_replicated_rows_once(mesh):
     np.testing.assert_array_equal(book.data.local_values(x), np.arange(6))
     sharded = jax.device_put(np.arange(8), NamedSharding(mesh, P("data")))
     np.testing.assert_array_equal(book.data.local_values(sharded), np.arange(8))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"global_batch": 12}, "does not split over the 8 devices"),
+        ({"global_batch": True}, "positive whole number"),
+        ({"global_batch": 8.0}, "positive whole number"),
+        ({"global_batch": 10**10000}, "too large"),
+        ({"global_batch": 192}, "larger than the 96 examples"),
+        ({"seed": None}, "not None"),
+        ({"seed": -1}, "at least 0"),
+        ({"build": "from_callback"}, "must be a function"),
+        ({"sharding": P("data")}, "jax.sharding.Sharding"),
+        ({"sharding": {"x": None}}, "no sharding for field"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_the_loader_refuses_what_cannot_work_when_it_is_made(source, mesh, kwargs, words):
+    args = {
+        "global_batch": 16,
+        "sharding": NamedSharding(mesh, P("data")),
+        "build": from_callback,
+        "seed": 0,
+    }
+    args.update(kwargs)
+    with pytest.raises(ReaderError, match=words) as caught:
+        Loader(source, **args)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_sharding_longer_than_a_fields_rank_is_refused(source, mesh):
+    shardings = {
+        "x": NamedSharding(mesh, P("data", None)),
+        "y": NamedSharding(mesh, P("data", None)),  # y has one dimension
+        "id": NamedSharding(mesh, P("data")),
+    }
+    with pytest.raises(ReaderError, match="field 'y' has 2 entries"):
+        Loader(source, 16, shardings, from_callback)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"x": np.zeros((0, 3))}, "has no examples"),
+        ({"x": np.float32(3.0)}, "a single value"),
+        ({"x": np.array(["a", "b"])}, "which a jax.Array cannot hold"),
+        ({"x": np.array([object(), 1])}, "which a jax.Array cannot hold"),
+        ({"x": np.zeros(4), "y": np.zeros(5)}, "different numbers of rows"),
+        ({}, "at least one field"),
+    ],
+    ids=["empty", "0-d", "strings", "objects", "mismatch", "none"],
+)
+def test_write_refuses_fields_the_loader_cannot_serve(tmp_path, fields, words):
+    with pytest.raises(ReaderError, match=words):
+        book.data.write(tmp_path, **fields)
+    assert not list(tmp_path.glob("*.npy"))  # nothing written
+
+
+def test_bfloat16_fields_are_refused_with_the_way_round_it(tmp_path):
+    import jax.numpy as jnp
+
+    with pytest.raises(ReaderError, match="write it as float32"):
+        book.data.write(tmp_path, x=np.asarray(jnp.ones((4, 2), jnp.bfloat16)))
+
+
+def test_check_epoch_counts_ids_outside_the_epoch_as_such():
+    with pytest.raises(AssertionError, match="missed 0 examples and repeated 0, and 1 ids"):
+        check_epoch(np.array([0, 1, 2, 7]), 3)
+    with pytest.raises(AssertionError, match="missed 1 examples and repeated 0, and 1 ids"):
+        check_epoch(np.array([0, 1, 9]), 3)
+    with pytest.raises(AssertionError, match="missed 1 examples and repeated 0, and 1 ids"):
+        check_epoch(np.array([0, -1, 2]), 3)
+    with pytest.raises(ReaderError, match="whole numbers"):
+        check_epoch(np.array([0.0, 1.0, 2.0]), 3)
+
+
+def test_batches_and_reads_refuse_what_is_not_theirs(source):
+    with pytest.raises(ReaderError, match="is not a field of the source"):
+        Batch(source, "z", np.array([0, 1]))
+    with pytest.raises(ReaderError, match="example numbers from 0 to 95"):
+        Batch(source, "x", np.array([0, 96]))
+    with pytest.raises(ReaderError, match="tuple of slices"):
+        Batch(source, "x", np.array([0, 1])).read(0)
+    with pytest.raises(ReaderError, match="not None"):
+        epoch_order(N, None, 0)

@@ -86,3 +86,58 @@ def test_static_twin_holds_every_choice():
         "(8, 4)", "2x4", "data, model", "P('data', 'model')"
     ).replace(viz.STYLE, "")
     assert "is used twice" in data["views"][data["keys"]["2x4|'data'|'data'"]]
+
+
+@pytest.mark.parametrize(
+    "kwargs, sentence",
+    [
+        ({"array_shape": "(8, ²)"}, "digits 0 to 9"),
+        ({"mesh_shape": "8" + "x1" * 39}, "use at most 8"),
+        ({"axis_type": ["Auto"]}, "is not an axis type here"),
+        ({"show_ids": "False"}, "True or False, not 'False'"),
+        ({"spec": None}, "as text"),
+    ],
+)
+def test_render_odd_arguments_give_one_sentence(kwargs, sentence):
+    args = {
+        "array_shape": "(8, 4)",
+        "mesh_shape": "(2, 4)",
+        "axis_names": "data, model",
+        "spec": "P()",
+    }
+    args.update(kwargs)
+    page = forms.render_sharding(**args)
+    assert "bk-error" in page and sentence.replace("'", "&#x27;") in page
+
+
+@pytest.mark.parametrize(
+    "kwargs, sentence",
+    [
+        ({"dimension": "--1"}, "whole number such as 0"),
+        ({"dimension": "①"}, "digits 0 to 9"),
+        ({"dimension": 10**10000}, "about 10,001 digits"),
+        ({"tiled": "False"}, "True or False"),
+        ({"collective": ["psum"]}, "is not a collective here"),
+        ({"collective": "ppermute", "perm": "(0, " + "9" * 5000 + ")"}, "under 200 characters"),
+        ({"diagram": "no"}, "True or False"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_collective_odd_arguments_give_one_sentence(kwargs, sentence):
+    args = {"collective": "all_gather", "mesh_shape": "(8,)", "axis": "data"}
+    args.update(kwargs)
+    page = forms.render_collective(**args)
+    assert "bk-error" in page and sentence in page
+
+
+def test_strategy_odd_arguments_give_one_sentence():
+    assert "is not a strategy here" in forms.render_strategy(["DP"], "8")
+    assert "not True" in forms.render_strategy("DP", "8", batch=True)
+    assert "digits 0 to 9" in forms.render_strategy("DP", "8", batch="²")
+
+
+def test_the_static_explorer_refuses_ranks_it_cannot_prerender():
+    from book.specs import SpecError
+
+    with pytest.raises(SpecError, match="rank at most 3"):
+        forms.static_sharding_explorer("(2, 2, 2, 2)")

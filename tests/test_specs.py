@@ -135,3 +135,37 @@ def test_check_sharding_takes_a_real_mesh():
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     with pytest.raises(SpecError, match="cannot split evenly"):
         check_sharding((6, 4), mesh, P("model", None))
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("(8, ²)", "write sizes with the digits 0 to 9"),
+        ("(8, ①)", "write sizes with the digits 0 to 9"),
+        ("(٣, 8)", "write sizes with the digits 0 to 9"),
+        ("(8, " + "9" * 40 + ")", "40 digits, more than the book can use"),
+        ("(" + ", ".join(["1"] * 40) + ")", "has 40 sizes; use at most 8"),
+    ],
+)
+def test_sizes_that_are_not_what_they_look_like(text, words):
+    with pytest.raises(SpecError, match=words):
+        parse_mesh_shape(text)
+
+
+@pytest.mark.parametrize("value", [None, 8, ("data",), b"(8,)"])
+def test_texts_that_are_not_text(value):
+    for parse in (parse_shape, parse_axis_names, parse_partition_spec):
+        with pytest.raises(SpecError, match="as text"):
+            parse(value)
+
+
+def test_check_functions_refuse_wrong_kinds():
+    with pytest.raises(SpecError, match="mapping from axis name to size"):
+        check_sharding((8, 4), [("data", 2)], P())
+    with pytest.raises(SpecError, match="PartitionSpec"):
+        check_sharding((8, 4), MESH, ["data"])
+    with pytest.raises(SpecError, match="positive whole number"):
+        check_mesh((2, True), ("data", "model"), 8)
+    with pytest.raises(SpecError, match="tuple of names"):
+        check_mesh((2, 4), "data, model", 8)
+    check_sharding((8, 4), MESH, "P('data', None)")  # the text of a spec is read

@@ -92,3 +92,24 @@ def test_diagrams_fall_back_to_text_without_graphviz(monkeypatch):
     ring = viz.ring_diagram([0, 1, 2, 3, 6, 7, 4, 5], title="TPU v3-8")
     assert ring._repr_svg_() is None
     assert repr(ring) == "TPU v3-8: 0 -> 1 -> 2 -> 3 -> 6 -> 7 -> 4 -> 5 -> 0"
+
+
+def test_wrong_kinds_of_things_get_one_sentence():
+    from book.errors import ReaderError
+
+    m = mesh((2, 4), ("data", "model"))
+    cases = [
+        (lambda: viz.shard_table(np.zeros(8)), "must be a jax.Array, placed with jax.device_put"),
+        (lambda: viz.summarize([1, 2]), "must be a jax.Array"),
+        (lambda: viz.shard_table(put(np.zeros(8), m, P()), show_ids="no"), "True or False"),
+        (lambda: viz.mesh_diagram("2x4"), "jax.sharding.Mesh"),
+        (lambda: viz.ring_diagram([]), "non-empty list"),
+        (lambda: viz.ring_diagram(["a", "b"], groups=[0]), "one entry per label"),
+        (lambda: viz.before_after_table([np.arange(2)], [np.arange(2)] * 2), "one per device"),
+        (lambda: viz.collective_diagram([np.arange(2)], [np.arange(2)], reduce="max"), "sum"),
+        (lambda: viz.trace_moves("ab", "ab"), "Pass a jax.Array"),
+    ]
+    for call, words in cases:
+        with pytest.raises(ReaderError, match=words) as caught:
+            call()
+        assert "\n" not in str(caught.value)
