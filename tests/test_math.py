@@ -34,7 +34,12 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 # Chapters whose formulas are written as math; each must keep at least one.
-WITH_MATH = ("06_collective_matmul", "09_tensor_parallelism", "12_performance")
+WITH_MATH = (
+    "03_automatic_parallelism",
+    "06_collective_matmul",
+    "09_tensor_parallelism",
+    "12_performance",
+)
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")
 
