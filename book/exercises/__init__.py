@@ -43,6 +43,7 @@ from book.exercises.manual import (
     ch06_both_ways,
     ch06_ring_right,
 )
+from book.exercises.state import ch16_masked_mean_grads, ch16_restore_on
 from book.exercises.training import (
     ch07_masked_mean,
     ch07_sum_dp,
@@ -90,6 +91,8 @@ __all__ = [
     "ch15_all_to_all_bytes",
     "ch15_capacity",
     "ch15_merge_normalized",
+    "ch16_masked_mean_grads",
+    "ch16_restore_on",
     "INTENSITY_SHAPES",
     "Verdict",
     "matmul_intensity",

@@ -1,0 +1,232 @@
+"""Checkers for chapter 16: the state of a training run, accumulated and restored."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from book.exercises.core import Wrong, answered, checker, compile_and_run, need, spec_text
+from book.exercises.training import _compare, _loss_and_grads, _one_device, _problem
+
+# The masked problem of exercise 16.1: 3 microbatches of 32 rows, of which these many are real.
+_REAL_ROWS = (32, 20, 7)
+
+
+def _masked_problem():
+    """Fresh parameters, stacked microbatches and a mask, with the one-device reference."""
+    from book import models
+
+    sizes = models.Sizes(batch=96, features=24, hidden=40, classes=8)
+    params, x, y = _problem(1601, sizes)
+    k, b = len(_REAL_ROWS), sizes.batch // len(_REAL_ROWS)
+    xs, ys = x.reshape(k, b, -1), y.reshape(k, b)
+    mask = np.zeros((k, b), np.float32)
+    for i, real in enumerate(_REAL_ROWS):
+        mask[i, :real] = 1
+    real_x = np.concatenate([xs[i, :real] for i, real in enumerate(_REAL_ROWS)])
+    real_y = np.concatenate([ys[i, :real] for i, real in enumerate(_REAL_ROWS)])
+    return params, xs, ys, mask, real_x, real_y
+
+
+def _mean_of_means(params, xs, ys, mask):
+    """The usual mistake: each microbatch's mean over its real rows, averaged over microbatches."""
+    import jax
+
+    from book import models
+
+    def masked_mean(params, x, y, m):
+        per_example = jax.vmap(models.loss, in_axes=(None, 0, 0))(params, x[:, None], y[:, None])
+        return (per_example * m).sum() / m.sum()
+
+    results = [
+        _one_device(masked_mean, params, xs[i], ys[i], mask[i]) for i in range(len(_REAL_ROWS))
+    ]
+    loss = np.mean([float(r[0]) for r in results])
+    grads = {k: np.mean([np.asarray(r[1][k]) for r in results], axis=0) for k in params}
+    return loss, grads
+
+
+def _uses_scan(fn, *args) -> bool:
+    import jax
+
+    return "scan" in str(jax.make_jaxpr(fn)(*args))
+
+
+@checker
+def ch16_masked_mean_grads(masked_mean_grads):
+    """Exercise 16.1: the mean loss over the real rows of padded microbatches, with a scan.
+
+    Three microbatches of 32 rows hold 32, 20 and 7 real examples. The reference is the
+    gradient of the mean loss over those 59 examples, on one device. Two mistakes get their
+    own sentence: the mean of the microbatches' own means (it weighs the 7 examples of the last
+    microbatch like the 32 of the first), and a division by all 96 rows, padding included.
+    """
+
+    from book import models
+
+    params, xs, ys, mask, real_x, real_y = _masked_problem()
+    out, _ = compile_and_run(masked_mean_grads, params, xs, ys, mask)
+    answered(out, "masked_mean_grads returns nothing yet; return (loss, grads)")
+    ref_loss, ref_grads = _one_device(models.loss, params, real_x, real_y)
+    padded = float(mask.sum()) / mask.size
+    mean_loss, mean_grads = _mean_of_means(params, xs, ys, mask)
+    why = (
+        "you averaged the microbatches' own means, which weighs each of the last "
+        "microbatch's 7 examples like 4 of the first's; add up losses and counts, and divide "
+        "once at the end"
+    )
+    loss, _ = _loss_and_grads(
+        out,
+        "masked_mean_grads",
+        ref_loss,
+        ref_grads,
+        loss_factors={padded: "you divided by all 96 rows; divide by the real ones, mask.sum()"},
+        grad_factors={padded: "you divided by all 96 rows; divide by the real ones, mask.sum()"},
+        known_losses=[(mean_loss, why)],
+    )
+    for name, want in mean_grads.items():
+        _compare(f"The gradient of {name}", out[1][name], ref_grads[name], known=[(want, why)])
+    need(
+        _uses_scan(masked_mean_grads, params, xs, ys, mask),
+        "The numbers are right, but the program has no scan: a Python loop over the "
+        "microbatches compiles one copy of the forward and backward pass per microbatch; "
+        "use jax.lax.scan.",
+    )
+    return (
+        f"loss {float(loss):.4f} and gradients match one device's over the 59 real examples, "
+        "computed one microbatch at a time by a scan."
+    )
+
+
+def _saved_state(mesh, layout):
+    """A train state of another size than the chapter's, with AdamW's structure, on ``mesh``.
+
+    Drawn with NumPy: the checker only needs values to compare, and eager JAX operations
+    would each be compiled first.
+    """
+    import jax
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(1602)
+    shapes = {"w1": (32, 64), "b1": (64,), "w2": (64, 8), "b2": (8,)}
+    params = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    optimizer = optax.adamw(1e-2, weight_decay=1e-4)
+    opt = optax.tree_map_params(
+        optimizer,
+        lambda _, p: rng.standard_normal(p.shape).astype(np.float32),
+        jax.eval_shape(optimizer.init, params),
+        params,
+        transform_non_params=lambda leaf: np.asarray(3, leaf.dtype),
+    )
+    by_name = {k: NamedSharding(mesh, layout[k]) for k in params}
+    shardings = {
+        "params": by_name,
+        "opt": optax.tree_map_params(
+            optimizer,
+            lambda _, s: s,
+            opt,
+            by_name,
+            transform_non_params=lambda _: NamedSharding(mesh, P()),
+        ),
+    }
+    return jax.device_put({"params": params, "opt": opt}, shardings)
+
+
+def _leaves_with_paths(tree):
+    import jax
+
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    return [(jax.tree_util.keystr(path), leaf) for path, leaf in leaves]
+
+
+def _check_layout(layout):
+    from jax.sharding import PartitionSpec as P
+
+    names = {"w1", "b1", "w2", "b2"}
+    need(
+        isinstance(layout, dict) and set(layout) == names,
+        "Pass the chapter's layout: a dict of a PartitionSpec for each of w1, b1, w2 and b2.",
+    )
+    need(
+        all(isinstance(s, P) for s in layout.values()),
+        "Each entry of layout should be a PartitionSpec, such as P('data', 'model').",
+    )
+    axes = set()
+    for spec in layout.values():
+        for part in spec:
+            axes |= set(part) if isinstance(part, tuple) else {part}
+    need(
+        axes <= {"data", "model", None},
+        "The layout names mesh axes other than 'data' and 'model'; use the chapter's layout.",
+    )
+
+
+@checker
+def ch16_restore_on(restore_on, layout):
+    """Exercise 16.2: restore a checkpoint onto a mesh it was not saved from.
+
+    The checker saves a fresh train state from the 2 x 4 mesh with orbax, calls the reader's
+    function with the checkpoint's path and a 1 x 8 mesh, and checks every array bit for bit
+    and its sharding: the parameters and their moments laid out by ``layout``, the count
+    replicated. The folder is removed however the answer ends.
+    """
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import jax
+    import orbax.checkpoint as ocp
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    _check_layout(layout)
+    need(
+        callable(restore_on),
+        f"Not answered yet: pass a function, not a {type(restore_on).__name__}.",
+    )
+    saving = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    target = jax.make_mesh((1, 8), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    state = _saved_state(saving, layout)
+    folder = Path(tempfile.mkdtemp(prefix="ch16-exercise-"))
+    try:
+        path = folder / "state"
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(path, state)
+        checkpointer.wait_until_finished()
+        out = restore_on(path, target)
+        answered(out, "restore_on returns nothing yet; return the restored train state")
+        need(
+            isinstance(out, dict) and set(out) == {"params", "opt"},
+            "restore_on should return the train state as saved: a dict with 'params' and 'opt'.",
+        )
+        need(
+            jax.tree.structure(out) == jax.tree.structure(state),
+            "The restored state has another structure than the saved one; restore the whole "
+            "tree, optimizer state included.",
+        )
+        want = dict(_leaves_with_paths(state))
+        for where, leaf in _leaves_with_paths(out):
+            need(
+                isinstance(leaf, jax.Array),
+                f"state{where} came back as {type(leaf).__name__}; give every leaf of the "
+                "target a sharding so that it is restored as a jax.Array on the mesh.",
+            )
+            np.testing.assert_array_equal(np.asarray(leaf), np.asarray(want[where]))
+            name = where.split("'")[-2] if "'" in where else ""
+            spec = layout.get(name, P()) if leaf.ndim else P()
+            expected = NamedSharding(target, spec)
+            need(
+                leaf.sharding.is_equivalent_to(expected, leaf.ndim),
+                f"state{where} comes back as "
+                f"{spec_text(getattr(leaf.sharding, 'spec', ()))} on "
+                f"{getattr(getattr(leaf.sharding, 'mesh', None), 'shape', 'one device')}; "
+                f"restore it as {spec_text(spec)} on the mesh you were given.",
+            )
+    except AssertionError:
+        raise Wrong(
+            "A restored array differs from the saved one; restore from the path you were given."
+        ) from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return "every array restored bit for bit onto the 1 x 8 mesh, laid out by layout."
