@@ -383,7 +383,10 @@ def _command(path: Path, args: Sequence[str], folder: Path, native: Path) -> lis
 
 
 # The process tree below the workers, read from /proc on Linux. Elsewhere only process groups
-# are known, so a grandchild that starts a session of its own can outlive a launch there.
+# are known, so a grandchild that starts a session of its own can outlive a launch there. On
+# Linux the one that can escape is a process started in a session of its own by a worker that
+# leaves through os._exit (skipping the shim's cleanup) before launch's next look, a quarter of
+# a second later: as the worker is gone, it is no longer below anything launch knows.
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
