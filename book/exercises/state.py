@@ -140,6 +140,15 @@ def _leaves_with_paths(tree):
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in leaves]
 
 
+def _placement(sharding) -> str:
+    """Where a restored array lives, in the words of the chapter: a spec on a mesh's shape."""
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not hasattr(sharding, "spec"):
+        return f"an array on {len(sharding.device_set)} device(s) without a mesh"
+    shape = " x ".join(str(n) for n in mesh.devices.shape)
+    return f"{spec_text(sharding.spec)} on a {shape} mesh"
+
+
 def _check_layout(layout):
     from jax.sharding import PartitionSpec as P
 
@@ -206,7 +215,10 @@ def ch16_restore_on(restore_on, layout):
             "tree, optimizer state included.",
         )
         want = dict(_leaves_with_paths(state))
-        for where, leaf in _leaves_with_paths(out):
+        found = _leaves_with_paths({"params": out["params"]}) + _leaves_with_paths(
+            {"opt": out["opt"]}
+        )
+        for where, leaf in found:
             need(
                 isinstance(leaf, jax.Array),
                 f"state{where} came back as {type(leaf).__name__}; give every leaf of the "
@@ -218,10 +230,8 @@ def ch16_restore_on(restore_on, layout):
             expected = NamedSharding(target, spec)
             need(
                 leaf.sharding.is_equivalent_to(expected, leaf.ndim),
-                f"state{where} comes back as "
-                f"{spec_text(getattr(leaf.sharding, 'spec', ()))} on "
-                f"{getattr(getattr(leaf.sharding, 'mesh', None), 'shape', 'one device')}; "
-                f"restore it as {spec_text(spec)} on the mesh you were given.",
+                f"state{where} comes back as {_placement(leaf.sharding)}; restore it as "
+                f"{spec_text(spec)} on the 1 x 8 mesh you were given.",
             )
     except AssertionError:
         raise Wrong(
