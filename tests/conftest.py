@@ -1,11 +1,11 @@
 """Shared test set-up: 8 mock CPU devices, each chapter executed once, one build of the book.
 
-A test run executes every chapter once as written (``chapter_run``), and the book is built from
-those executed notebooks with execution off (``built_book``), so no chapter runs a third time.
-The tests that use them share the xdist group "book", and so one worker and one set of runs.
+A test run executes every chapter once as written (``chapter_run``, shared by the xdist
+workers), and the book is built from those executed notebooks with execution off
+(``built_book``), so no chapter runs a third time. The tests that read the built book share the
+xdist group "book", and so one worker and one build.
 """
 
-import functools
 import re
 import shutil
 import subprocess
@@ -16,6 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from filelock import FileLock
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -54,30 +55,35 @@ class ChapterRun:
 
 
 @pytest.fixture(scope="session")
-def chapter_run(tmp_path_factory):
+def chapter_run(tmp_path_factory, worker_id):
     """``chapter_run(stem)`` executes a chapter once per test run, in an empty folder of its own.
 
     Chapters write files (chapter 11 writes the scripts it launches), so each one runs where
-    nothing else does. A chapter that fails keeps the outputs up to and including the error, so
-    its page shows what went wrong; the error is kept for the chapter's own test to report.
+    nothing else does. The runs are shared by the xdist workers of one test run through a
+    folder and a lock per chapter: whichever worker asks first executes the chapter, the other
+    waits for it and reads the result, so the runs spread over both workers and none repeats.
+    A chapter that fails keeps the outputs up to and including the error, so its page shows
+    what went wrong; the error is kept for the chapter's own test to report.
     """
-    executed = tmp_path_factory.mktemp("executed")
+    own = tmp_path_factory.getbasetemp()
+    executed = (own if worker_id == "master" else own.parent) / "executed"
+    executed.mkdir(exist_ok=True)
 
-    @functools.cache
     def run(stem: str) -> ChapterRun:
-        nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
-        folder = tmp_path_factory.mktemp(stem)
-        client = NotebookClient(
-            nb, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(folder)}}
-        )
-        try:
-            client.execute()
-            error = None
-        except (CellExecutionError, CellTimeoutError, DeadKernelError) as err:
-            error = ANSI.sub("", f"{type(err).__name__}: {err}")
-        path = executed / f"{stem}.ipynb"
-        nbformat.write(nb, path)
-        return ChapterRun(stem, path, error)
+        path, failure = executed / f"{stem}.ipynb", executed / f"{stem}.error"
+        with FileLock(executed / f"{stem}.lock"):
+            if not path.exists():
+                nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+                folder = tmp_path_factory.mktemp(stem)
+                client = NotebookClient(
+                    nb, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(folder)}}
+                )
+                try:
+                    client.execute()
+                except (CellExecutionError, CellTimeoutError, DeadKernelError) as err:
+                    failure.write_text(ANSI.sub("", f"{type(err).__name__}: {err}"))
+                nbformat.write(nb, path)  # last: its presence says the run is complete
+        return ChapterRun(stem, path, failure.read_text() if failure.exists() else None)
 
     return run
 
@@ -106,7 +112,9 @@ def built_book(chapter_run, tmp_path_factory):
     if shutil.which("dot") is None:
         pytest.skip("Graphviz's dot is not installed, and the landing page's chapter map needs it")
     source = tmp_path_factory.mktemp("book")
-    stage_book(source, [chapter_run(stem).path for stem in chapters()])
+    # Last chapter first: test_chapters.py asks from the first, so two workers seldom wait.
+    executed = [chapter_run(stem).path for stem in reversed(chapters())]
+    stage_book(source, executed)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     done = subprocess.run(
         [str(jupyter_book), "build", str(source), "--warningiserror"],

@@ -180,3 +180,12 @@ def test_landing_page_says_how_to_read(built_book):
     text = re.sub(r"<[^>]+>", "", (built_book / "notebooks" / "intro.html").read_text())
     for way in ("Online", "In Colab", "In Kaggle", "Locally", "make lab", "TPU v5e-8"):
         assert way in text, way
+
+
+def test_the_book_group_runs_on_one_worker(request):
+    """Under ``--dist loadgroup`` each test of the group carries its name, so xdist sends the
+    whole group to one worker and the book is built once; pytest 9.2 with pytest-xdist 3.8
+    drops the name (pytest-xdist issue 1386), which would build it on both workers."""
+    if not request.config.getoption("loadgroup", False):
+        pytest.skip("only a run with --dist loadgroup groups tests")
+    assert request.node.nodeid.endswith("@book")

@@ -77,7 +77,6 @@ def test_worked_solutions_pass_their_checkers(path, tmp_path):
         assert shown.startswith("Correct:"), f"{path.stem} cell {i}: {shown}"
 
 
-@pytest.mark.xdist_group("book")  # reads the chapter run the book build renders
 @pytest.mark.parametrize("path", chapters_with_exercises(), ids=lambda p: p.stem)
 def test_stubs_are_explained_not_failed(path, chapter_run):
     run = chapter_run(path.stem)
