@@ -1,4 +1,4 @@
-"""What the compiler made: the collectives of a compiled computation, as rows, a table and a graph.
+"""What the compiler made: the collectives, instructions and data flow of a compiled program.
 
 ``jax.jit(f).lower(...).compile().as_text()`` is the partitioned HLO module every device runs.
 Reading it is the only way to know which communication the compiler inserted, so this module
@@ -11,20 +11,19 @@ the axes named after the program's mesh or ``axis_0``, ``axis_1``..., with an op
 combine, ``{'model','data'}``). Group members are partition numbers: the positions of devices
 in the compiled program's device assignment, which is the order of the mesh's devices
 (``mesh.devices.flat``).
+
+Everything here returns plain data; ``book.display`` turns it into tables, listings and graphs.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import re
-import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from book import validate
-from book.viz import Diagram, Rendered
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
 
@@ -45,14 +44,15 @@ _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
 class Collective:
     """One collective in a compiled program.
 
-    ``shape`` and ``dtype`` describe the result on one device; a collective that moves several
-    arrays at once (a tuple result) has a tuple of shapes, and its dtypes joined by commas when
-    they differ. ``bytes`` is the result's size on one device. ``groups`` are the device groups
-    that communicate, or for a collective-permute the (source, target) pairs.
+    ``shapes`` are the shapes of the result on one device: one for a collective that moves one
+    array, several for one that moves several at once (a tuple result, as when the compiler
+    combines the all-reduces of many gradients). ``dtype`` is the element type, the types joined
+    by commas when they differ. ``bytes`` is the result's size on one device. ``groups`` are
+    the device groups that communicate, or for a collective-permute the (source, target) pairs.
     """
 
     op: str
-    shape: tuple
+    shapes: tuple[tuple[int, ...], ...]
     dtype: str
     bytes: int
     groups: tuple[tuple[int, ...], ...]
@@ -316,11 +316,10 @@ def _base_op(op: str) -> str | None:
 
 def _row(inst: _Instruction, op: str, attrs_from: _Instruction, num_devices: int) -> Collective:
     arrays = _arrays(inst.type)
-    shapes = tuple(dims for _, dims in arrays)
     elems = list(dict.fromkeys(elem for elem, _ in arrays))
     return Collective(
         op=op,
-        shape=shapes[0] if len(shapes) == 1 else shapes,
+        shapes=tuple(dims for _, dims in arrays),
         dtype=",".join(_dtype_name(e) for e in elems),
         bytes=sum(math.prod(dims) * _bits(elem) // 8 for elem, dims in arrays),
         groups=_groups(attrs_from.attrs, num_devices),
@@ -353,103 +352,39 @@ def collectives(compiled) -> list[Collective]:
     return rows
 
 
-def shape_text(row: Collective) -> str:
-    """A row's shape per device as text: ``[8, 32]``, or ``4 × [1, 4, 8]`` for a tuple of parts."""
-    if row.shape and isinstance(row.shape[0], tuple):
-        if len(set(row.shape)) == 1:
-            return f"{len(row.shape)} × {list(row.shape[0])}"
-        return "(" + ", ".join(str(list(s)) for s in row.shape) + ")"
-    return str(list(row.shape))
+# The data flow of the entry computation --------------------------------------------------------
 
-
-def groups_text(row: Collective, limit: int = 4) -> str:
-    """The groups of a row in a few characters: ``{0,4} {1,5} … (4 groups of 2)``."""
-    if row.op == "collective-permute":
-        pairs = [f"{a}→{b}" for a, b in row.groups]
-        shown = ", ".join(pairs[: 2 * limit])
-        return shown + (f", … ({len(pairs)} pairs)" if len(pairs) > 2 * limit else "")
-    parts = ["{" + ",".join(map(str, g)) + "}" for g in row.groups]
-    shown = " ".join(parts[:limit])
-    if len(parts) > limit:
-        shown += " …"
-    return f"{shown} ({len(parts)} group{'s' if len(parts) > 1 else ''} of {row.group_size})"
-
-
-_TABLE_CSS = """<style>
-.bk-hlo-wrap{overflow-x:auto;max-width:100%}
-.bk-hlo{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;
-border-collapse:collapse;margin:4px 0}
-.bk-hlo th,.bk-hlo td{border:1px solid #bbb;padding:2px 8px;text-align:left;white-space:nowrap}
-.bk-hlo th{background:#eee}
-.bk-hlo td.num{text-align:right}
-.bk-hlo caption{caption-side:top;text-align:left;font-weight:bold;padding-bottom:2px}
-.bk-hlo-note{font-size:12px;margin:2px 0 8px}
-</style>"""
-
-
-def table(headers, rows, *, title: str | None = None, note: str | None = None) -> Rendered:
-    """A small HTML table with a plain-text twin, for facts read from compiled programs.
-
-    Numbers are right-aligned and written with thousands separators. ``note`` is a footnote
-    printed under the table, for what a row cannot say by itself.
-    """
-    headers = [str(h) for h in headers]
-    rows = [list(row) for row in rows]
-    cells = [[f"{v:,}" if isinstance(v, int) else str(v) for v in row] for row in rows]
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = ""
-    for row, texts in zip(rows, cells, strict=True):
-        tds = [
-            f"<td class='num'>{html.escape(c)}</td>"
-            if isinstance(v, (int, float))
-            else f"<td>{html.escape(c)}</td>"
-            for v, c in zip(row, texts, strict=True)
-        ]
-        body += "<tr>" + "".join(tds) + "</tr>"
-    caption = f"<caption>{html.escape(title)}</caption>" if title else ""
-    markup = (
-        f"{_TABLE_CSS}<div class='bk-hlo-wrap'><table class='bk-hlo'>{caption}"
-        f"<tr>{head}</tr>{body}</table></div>"
-    )
-    if note:
-        markup += f"<p class='bk-hlo-note'>{html.escape(note)}</p>"
-    widths = [max(len(x) for x in col) for col in zip(headers, *cells, strict=True)]
-    lines = [title] if title else []
-    for texts in [headers, *cells]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(texts, widths, strict=True)).rstrip())
-    if note:
-        lines.append(note)
-    return Rendered(markup, "\n".join(lines))
-
-
-def collective_table(compiled, *, title: str | None = None) -> Rendered:
-    """The collectives of a compiled program as a table: op, shape, dtype, bytes, groups."""
-    rows = collectives(compiled)
-    if not rows:
-        message = "No collectives: every device computes on the data it already holds."
-        text = f"{title}: {message}" if title else message
-        return Rendered(f"{_TABLE_CSS}<p class='bk-hlo'>{html.escape(text)}</p>", text)
-    body = [[k, r.op, shape_text(r), r.dtype, r.bytes, groups_text(r)] for k, r in enumerate(rows)]
-    body.append(["", "total", "", "", sum(r.bytes for r in rows), ""])
-    headers = ["#", "collective", "shape per device", "dtype", "bytes per device", "groups"]
-    return table(headers, body, title=title)
-
-
-# Ops that only rename or reinterpret a value: drawing them would hide the data flow.
+# Ops that only rename or reinterpret a value: a graph that drew them would hide the data flow.
 _PASS_THROUGH = {"get-tuple-element", "bitcast", "tuple", "async-update", "opt-barrier"}
 _HIDDEN = {"constant"}
 _DULL_FUSED = set(
     "parameter constant bitcast broadcast reshape copy get-tuple-element tuple convert iota".split()
 )
-_COLLECTIVE_STYLE = 'style="filled,bold" fillcolor="#f4cccc" color="#cc0000" penwidth=2'
-_FUSION_STYLE = 'style="filled,rounded" fillcolor="#fff2cc" color="#b7950b"'
-_PARAM_STYLE = 'shape=ellipse style=filled fillcolor="#cfe2f3" color="#3d85c6"'
-_OTHER_STYLE = 'style="rounded" color="#666666"'
 
 
-def _quote(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
+@dataclass(frozen=True)
+class Node:
+    """One step of a program's data flow: a collective, a parameter, a fusion or another op.
+
+    ``what`` is the collective's name, the argument's name, the main operations a fusion
+    merges, or the op; ``type`` the result type on one device; ``inputs`` the positions of the
+    nodes it reads; ``count`` how many identical siblings it stands for.
+    """
+
+    kind: str
+    what: str
+    type: str
+    inputs: tuple[int, ...] = ()
+    count: int = 1
+    collective: Collective | None = None
+
+
+@dataclass(frozen=True)
+class Dataflow:
+    """The entry computation as nodes in order, and the positions of those it returns."""
+
+    nodes: tuple[Node, ...]
+    outputs: tuple[int, ...]
 
 
 def _short_type(inst: _Instruction) -> str:
@@ -461,9 +396,14 @@ def _short_type(inst: _Instruction) -> str:
     return ", ".join(parts) if len(parts) <= 1 else "(" + ", ".join(parts) + ")"
 
 
-def _fused_ops(module: _Module, inst: _Instruction) -> str:
+def _called(module: _Module, inst: _Instruction) -> list[_Instruction]:
+    """The body of the computation an instruction calls (a fusion's or an async wrapper's)."""
     called = re.search(r"calls=%?([\w.\-]+)", inst.attrs)
-    body = module.computations.get(called.group(1), []) if called else []
+    return module.computations.get(called.group(1), []) if called else []
+
+
+def _fused_ops(module: _Module, inst: _Instruction) -> str:
+    body = _called(module, inst)
     ops = list(dict.fromkeys(i.op for i in body if i.op not in _DULL_FUSED))
     if not ops:
         ops = list(dict.fromkeys(i.op for i in body if i.op != "parameter"))[:1]
@@ -471,37 +411,27 @@ def _fused_ops(module: _Module, inst: _Instruction) -> str:
 
 
 def _async_collective(module: _Module, inst: _Instruction) -> str | None:
-    called = re.search(r"calls=%?([\w.\-]+)", inst.attrs)
-    for i in module.computations.get(called.group(1), []) if called else []:
-        if _base_op(i.op):
-            return _base_op(i.op)
-    return None
+    return next((_base_op(i.op) for i in _called(module, inst) if _base_op(i.op)), None)
 
 
-def graph(compiled, *, title: str | None = None) -> Diagram:
-    """The entry computation of a compiled program as a Graphviz data-flow graph.
+def dataflow(compiled) -> Dataflow:
+    """The entry computation of a compiled program as the steps a reader follows.
 
-    Each fusion is one node labelled with the main operations inside it, collectives are red
-    and carry their bytes and groups, parameters are named after the function's arguments, and
-    renaming ops (tuples, bitcasts, get-tuple-element) and constants are left out so a small
-    program reads at a glance. Identical sibling nodes (the same operation on the same inputs,
-    feeding the same consumers) are drawn once, marked with how many there are.
+    Each fusion is one node named after the main operations inside it, parameters are named
+    after the function's arguments, and renaming ops (tuples, bitcasts, get-tuple-element) and
+    constants are left out, so that a small program reads at a glance. Identical siblings (the
+    same operation on the same inputs, feeding the same consumers) are one node with a count.
     """
     module = _parse(_text(compiled))
     insts = module.computations[module.entry]
     alias: dict[str, list[int]] = {}
-    labels: list[str] = []
-    styles: list[str] = []
-    inputs: list[list[int]] = []
+    found: list[Node] = []
 
-    def sources(name: str) -> list[int]:
-        return alias.get(name, [])
-
-    def gather(names) -> list[int]:
-        found: list[int] = []
+    def gather(names) -> tuple[int, ...]:
+        sources: list[int] = []
         for name in names:
-            found += [s for s in sources(name) if s not in found]
-        return found
+            sources += [s for s in alias.get(name, []) if s not in sources]
+        return tuple(sources)
 
     for inst in insts:
         base = _base_op(inst.op)
@@ -509,9 +439,8 @@ def graph(compiled, *, title: str | None = None) -> Diagram:
             alias[inst.name] = []
             continue
         if inst.op in _PASS_THROUGH or inst.op == "async-done" or (base and "-done" in inst.op):
-            alias[inst.name] = gather(inst.operands)
+            alias[inst.name] = list(gather(inst.operands))
             continue
-        shape = _short_type(inst)
         if inst.op == "async-start":
             base = _async_collective(module, inst)
         if base:
@@ -520,66 +449,39 @@ def graph(compiled, *, title: str | None = None) -> Diagram:
                 inst,
             )
             row = _row(done, base, inst, module.num_devices)
-            label = f"{base}\n{_short_type(done)}\n{row.bytes:,} B\n{groups_text(row, 2)}"
-            style = _COLLECTIVE_STYLE
+            node = Node("collective", base, _short_type(done), collective=row)
         elif inst.op == "parameter":
             arg = re.search(r'op_name="([^"]*)"', inst.attrs)
-            label = f"{arg.group(1) if arg else 'parameter'}\n{shape}"
-            style = _PARAM_STYLE
+            node = Node("parameter", arg.group(1) if arg else "parameter", _short_type(inst))
         elif inst.op == "fusion":
-            label = f"fusion: {_fused_ops(module, inst)}\n{shape}"
-            style = _FUSION_STYLE
+            node = Node("fusion", _fused_ops(module, inst), _short_type(inst))
         else:
-            label = f"{inst.op}\n{shape}"
-            style = _OTHER_STYLE
-        alias[inst.name] = [len(labels)]
-        inputs.append(gather(inst.operands))
-        labels.append(label)
-        styles.append(style)
+            node = Node("other", inst.op, _short_type(inst))
+        alias[inst.name] = [len(found)]
+        found.append(replace(node, inputs=gather(inst.operands)))
     root = next((i for i in insts if i.root), insts[-1] if insts else None)
-    outputs = sources(root.name) if root is not None else []
+    outputs = alias.get(root.name, []) if root is not None else []
+    return _merge_siblings(found, outputs)
 
-    # Merge identical siblings: same label, same inputs, same consumers.
-    consumers = [
-        tuple(j for j, ins in enumerate(inputs) if k in ins) + (("out",) if k in outputs else ())
-        for k in range(len(labels))
-    ]
-    keep: dict[tuple, int] = {}
+
+def _merge_siblings(found: list[Node], outputs: list[int]) -> Dataflow:
+    """One node for each set of identical siblings, inputs and outputs renumbered to match."""
+    consumers = []
+    for k in range(len(found)):
+        readers = tuple(j for j, node in enumerate(found) if k in node.inputs)
+        consumers.append(readers + (("out",) if k in outputs else ()))
+    first: dict[tuple, int] = {}
     merged: dict[int, int] = {}
-    counts: dict[int, int] = {}
-    for k, label in enumerate(labels):
-        key = (label, tuple(inputs[k]), consumers[k])
-        first = keep.setdefault(key, k)
-        merged[k] = first
-        counts[first] = counts.get(first, 0) + 1
-    nodes, edges, text = [], [], []
-    number = {k: n for n, k in enumerate(k for k in range(len(labels)) if merged[k] == k)}
-    for k, label in enumerate(labels):
-        if merged[k] != k:
-            continue
-        if counts[k] > 1:
-            label = f"{counts[k]} × {label}"
-        nodes.append(f"n{k} [label={_quote(label)} {styles[k]}];")
-        for s in dict.fromkeys(merged[i] for i in inputs[k]):
-            edges.append(f"n{s} -> n{k};")
-        given = ", ".join(f"[{number[i]}]" for i in dict.fromkeys(merged[i] for i in inputs[k]))
-        line = f"[{number[k]}] " + label.replace("\n", " ")
-        text.append(line + (f"  <- {given}" if given else ""))
-    nodes.append('out [label="output" shape=plaintext];')
-    edges += [f"n{s} -> out;" for s in dict.fromkeys(merged[k] for k in outputs)]
-    lines = [
-        "digraph hlo {",
-        "rankdir=TB;",
-        'node [shape=box fontname="Helvetica" fontsize=11];',
-        'edge [color="#555555"];',
-        *nodes,
-        *edges,
-    ]
-    if title:
-        lines.append(f"label={_quote(title)}; labelloc=t;")
-    lines.append("}")
-    heading = [title] if title else []
-    return Diagram("\n".join(lines), "\n".join(heading + text))
+    for k, node in enumerate(found):
+        merged[k] = first.setdefault((replace(node, inputs=()), node.inputs, consumers[k]), k)
+    kept = [k for k in range(len(found)) if merged[k] == k]
+    number = {k: n for n, k in enumerate(kept)}
+    nodes = []
+    for k in kept:
+        inputs = tuple(dict.fromkeys(number[merged[i]] for i in found[k].inputs))
+        count = sum(1 for j in merged if merged[j] == k)
+        nodes.append(replace(found[k], inputs=inputs, count=count))
+    return Dataflow(tuple(nodes), tuple(dict.fromkeys(number[merged[k]] for k in outputs)))
 
 
 # Reading the program itself -------------------------------------------------------------------
@@ -587,7 +489,6 @@ def graph(compiled, *, title: str | None = None) -> Diagram:
 # The attributes that say where data lives or how it moves. Layouts, metadata, channel ids and
 # backend configuration are left out of listings: they fill every line and bear on neither.
 _WHERE = ("sharding", "replica_groups", "source_target_pairs")
-_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
 
 
 @dataclass(frozen=True)
@@ -619,28 +520,6 @@ class Instruction:
         """The operations of ``fused`` that do the work, without reshapes, copies and such."""
         return tuple(op for op in self.fused if op not in _DULL_FUSED) or self.fused[:1]
 
-    def text(self, width: int = 88) -> str:
-        """The instruction on one line, each kept attribute indented on a line below."""
-        root = "ROOT " if self.root else ""
-        lines = [f"{root}%{self.name} = {self.type} {self.op}({', '.join(self.operands)})"]
-        if self.fused:
-            lines.append("    fuses " + ", ".join(self.main_fused))
-        lines += [f"    {d}" for d in self.details]
-        return "\n".join(_wrap(line, width) for line in lines)
-
-
-def _wrap(line: str, width: int) -> str:
-    if len(line) <= width:
-        return line
-    indent = " " * (len(line) - len(line.lstrip()) + 4)
-    return textwrap.fill(
-        line,
-        width,
-        subsequent_indent=indent,
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
-
 
 def instructions(compiled, op: str | None = None) -> list[Instruction]:
     """The instructions of a compiled program's entry computation, in order.
@@ -654,9 +533,7 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
     names = {i.name for i in insts}
     found = []
     for inst in insts:
-        called = re.search(r"calls=%?([\w.\-]+)", inst.attrs)
-        body = module.computations.get(called.group(1), []) if called else []
-        fused = tuple(dict.fromkeys(i.op for i in body if i.op != "parameter"))
+        fused = tuple(dict.fromkeys(i.op for i in _called(module, inst) if i.op != "parameter"))
         parts: list[str] = []
         for part in _split_top(inst.attrs.lstrip(", ")):
             if part.startswith("device_ids=") and parts:  # mesh-axes groups go on past a comma
@@ -683,24 +560,6 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
     return found
 
 
-def listing(compiled, *, ops=None, width: int = 88) -> str:
-    """The entry computation of a compiled program as short text, one instruction at a time.
-
-    ``.as_text()`` puts layouts, metadata and backend configuration on every line, which hides
-    what a reader looks for: each result's shape on one device and the collectives' groups (and
-    the parameters' shardings, where the XLA version prints them: jax 0.10's does, 0.12's leaves
-    them out, and ``compiled.input_shardings`` has them in every version). Here each
-    instruction is one line (its name, result type, op and operands), a fusion says which
-    operations it merges, and only the attributes of ``Instruction.details`` follow, indented.
-    With ``ops``, only instructions doing one of them are listed.
-    """
-    rows = instructions(compiled)
-    if ops is not None:
-        wanted = [ops] if isinstance(ops, str) else list(ops)
-        rows = [r for r in rows if any(r.does(op) for op in wanted)]
-    return "\n".join(r.text(width) for r in rows)
-
-
 _SDY_SHARDING = re.compile(r"#sdy\.sharding<([^>]*)>")
 _MLIR_OP = re.compile(r'^(?P<indent>\s*)(?P<lhs>%[^=]+?) = "?(?P<op>[\w.]+)"?(?P<rest>.*)$')
 
@@ -712,14 +571,24 @@ def _typed_value(text: str) -> str:
     return f"{head} sharding<{sharding.group(1)}>" if sharding else head
 
 
-def stablehlo_listing(lowered, *, width: int = 88) -> str:
-    """The ``main`` function of a lowered program as short text, before any partitioning.
+@dataclass(frozen=True)
+class StableMain:
+    """The ``main`` function of a lowered program, before any partitioning, trimmed for reading.
 
-    The signature gives one argument per line with the sharding it carries (Shardy's
-    ``sharding<@mesh, [{"data"}, {}]>``: one brace per dimension, naming the mesh axes that split
-    it). The body gives one operation per line: results, op, operands and result type, with
-    constants' values and sharding constraints kept and other attributes left out.
+    ``arguments`` and ``results`` are typed values with the Shardy sharding they carry
+    (``%arg0: tensor<16x32xf32> sharding<@mesh, [{"data"}, {}]>``: one brace per dimension,
+    naming the mesh axes that split it). ``operations`` are the body's lines, each with its
+    results, op, operands and result type; constants' values and sharding constraints are kept,
+    other attributes left out.
     """
+
+    arguments: tuple[str, ...]
+    results: tuple[str, ...]
+    operations: tuple[str, ...]
+
+
+def stablehlo_main(lowered) -> StableMain:
+    """Read the ``main`` function of ``jax.jit(f).lower(...)`` or of its ``.as_text()``."""
     text = lowered if isinstance(lowered, str) else lowered.as_text()
     start = text.index("func.func public @main(")
     open_at = text.index("(", start)
@@ -730,18 +599,13 @@ def stablehlo_listing(lowered, *, width: int = 88) -> str:
     results = results.removesuffix("{").strip()
     if results.startswith("("):
         results = results[1 : _close(results, 0) - 1]
-    lines = ["@main("]
-    lines += [
-        f"    {_typed_value(a)}{',' if k < len(args) - 1 else ''}" for k, a in enumerate(args)
-    ]
-    outs = [_typed_value(r) for r in _split_top(results, "([{<", ")]}>")]
-    lines.append(f") -> {', '.join(outs)}")
+    operations = []
     for line in text[end_of_signature + 1 :].splitlines():
         if line.rstrip() == "  }":
             break
         m = _MLIR_OP.match(line)
         if m is None:
-            lines.append(line.rstrip()[2:])
+            operations.append(line.rstrip()[2:])
             continue
         rest = m.group("rest")
         values, _, types = rest.rpartition(" : ")
@@ -750,5 +614,9 @@ def stablehlo_listing(lowered, *, width: int = 88) -> str:
         kept = re.findall(r"%[\w#.\-]+|dense<[^>]*>|<@[^>]*>", values)
         result_type = types.rsplit("->", 1)[-1].strip()
         body = f"{m.group('indent')[2:]}{m.group('lhs')} = {m.group('op')} {', '.join(kept)}"
-        lines.append(f"{body.rstrip()} : {result_type}" if result_type else body.rstrip())
-    return "\n".join(_wrap(line, width) for line in lines)
+        operations.append(f"{body.rstrip()} : {result_type}" if result_type else body.rstrip())
+    return StableMain(
+        arguments=tuple(_typed_value(a) for a in args),
+        results=tuple(_typed_value(r) for r in _split_top(results, "([{<", ")]}>")),
+        operations=tuple(operations),
+    )

@@ -252,11 +252,13 @@ def _spec(spec) -> P:
     return spec
 
 
-def _spec_text(spec: P) -> str:
+def spec_text(spec: P) -> str:
+    """A partition spec as a reader writes it: ``P('data', None)``."""
     return "P(" + ", ".join(repr(e) for e in spec) + ")"
 
 
-def _names_text(names: Sequence[str]) -> str:
+def names_text(names: Sequence[str]) -> str:
+    """Axis names in a sentence: ``'data'``, ``'data' and 'model'``."""
     quoted = [repr(n) for n in names]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
@@ -299,7 +301,7 @@ def check_sharding(array_shape: Sequence[int], mesh, spec: P) -> None:
     sizes = _axis_sizes(mesh)
     if len(spec) > len(array_shape):
         raise SpecError(
-            f"{_spec_text(spec)} has {len(spec)} entries but the array has rank "
+            f"{spec_text(spec)} has {len(spec)} entries but the array has rank "
             f"{len(array_shape)}; use at most {len(array_shape)} entries."
         )
     seen = set()
@@ -307,12 +309,12 @@ def check_sharding(array_shape: Sequence[int], mesh, spec: P) -> None:
         for name in (entry,) if isinstance(entry, str) else (entry or ()):
             if name not in sizes:
                 raise SpecError(
-                    f"Axis {name!r} is not in the mesh, whose axes are {_names_text(list(sizes))}; "
+                    f"Axis {name!r} is not in the mesh, whose axes are {names_text(list(sizes))}; "
                     "use one of those names."
                 )
             if name in seen:
                 raise SpecError(
-                    f"Axis {name!r} is used twice in {_spec_text(spec)}; a mesh axis can shard "
+                    f"Axis {name!r} is used twice in {spec_text(spec)}; a mesh axis can shard "
                     "only one array dimension."
                 )
             seen.add(name)

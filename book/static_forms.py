@@ -1,9 +1,10 @@
 """Kernel-free twins of the forms, for the online book, where no kernel runs.
 
 A form's pure function is pre-rendered for every choice its static twin offers; the page keeps
-the results and a few lines of JavaScript show the one matching the selects. ``Form`` pairs the
-live widget with that twin: a notebook front end shows the widget, while the book's HTML
-builder, told to skip widget views, shows the twin.
+the results and a few lines of JavaScript show the one matching the selects; the form that
+embeds the markup adds the book's stylesheet (``book.display.styled``). ``Form`` pairs the live
+widget with that twin: a notebook front end shows the widget, while the book's HTML builder,
+told to skip widget views, shows the twin.
 """
 
 from __future__ import annotations
@@ -38,13 +39,6 @@ _SCRIPT = """<script>(function () {
   for (var i = 1; i < selects.length; i++) { selects[i].addEventListener("change", show); }
   follow();
 })();</script>"""
-
-_CSS = """<style>
-.bk-form{border:1px solid #ccc;border-radius:6px;padding:8px;margin:6px 0}
-.bk-form label{margin-right:12px;font-size:13px}
-.bk-form select{margin-left:4px}
-.bk-note{font-size:12px;color:#666;margin:4px 0}
-</style>"""
 
 
 class Form:
@@ -97,7 +91,7 @@ def static_form(
     selects = [_select(label, options)] + [_select(name, []) for name in rest_labels or []]
     note_html = f"<div class='bk-note'>{html.escape(note)}</div>" if note else ""
     return (
-        f"{_CSS}<div class='bk-form' id='bk-form-{uuid.uuid4().hex[:8]}'>{note_html}"
+        f"<div class='bk-form' id='bk-form-{uuid.uuid4().hex[:8]}'>{note_html}"
         f"<div>{''.join(selects)}</div><div class='bk-out'></div>"
         f"<script type='application/json' class='bk-data'>{_safe_json(data)}</script>"
         f"{_SCRIPT}</div>"

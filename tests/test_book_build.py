@@ -134,7 +134,7 @@ def test_page_shows_what_its_cells_computed(built_book, stem, expected):
     assert shortfalls(page(built_book, stem), expected) == []
 
 
-# Graphviz drawings: svg images from book.viz and book.hlo, an object from sphinx.ext.graphviz.
+# Graphviz drawings: svg images from book.display, an object from sphinx.ext.graphviz.
 DIAGRAMS = {
     "01_devices_and_meshes": 3,  # the 2x4 and 2x2x2 meshes, the TPU v3-8 ring
     "03_automatic_parallelism": 1,  # the HLO graph

@@ -18,7 +18,7 @@ def error_of(page: str) -> str | None:
 
 def rows_of(page: str) -> list[list[list[int]]]:
     """Each table cell's numbers, in order: device label, before, after per device."""
-    cells = re.findall(r"<div class='bk-dev'[^>]*>(.*?)</div>", page)
+    cells = re.findall(r"<div class='bk-dev[^']*'>(.*?)</div>", page)
     return [[float(v) for v in re.findall(r"<td>(-?[\d.]+)</td>", c)] for c in cells]
 
 
@@ -115,8 +115,12 @@ def test_a_repeated_choice_is_answered_from_the_cache():
 
     How fast a new choice answers is measured by ``make bench``, not asserted here.
     """
+    from book.forms import collective
+
     first = forms.render_collective("pmean", "4x2", "model", block_shape="(3,)")
-    assert forms.render_collective("pmean", "4x2", "model", block_shape="(3,)") is first
+    hits = collective._body.cache_info().hits
+    assert forms.render_collective("pmean", "4x2", "model", block_shape="(3,)") == first
+    assert collective._body.cache_info().hits == hits + 1
 
 
 def test_static_twin_offers_every_collective_and_switches_views():

@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from book import viz
+from book import display, shards
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def blocks_of(mesh, values):
 
 def test_device_blocks_follow_the_mesh_and_label_positions(line):
     x = blocks_of(line, np.arange(16))
-    blocks = viz.device_blocks(x)
+    blocks = shards.device_blocks(x)
     assert [label for label, _ in blocks][:2] == ["device 0 (i=0)", "device 1 (i=1)"]
     np.testing.assert_array_equal(blocks[3][1], [6, 7])
 
@@ -33,23 +33,23 @@ def test_device_blocks_follow_the_mesh_and_label_positions(line):
 def test_table_has_one_row_per_device(line):
     x = blocks_of(line, 100 + np.arange(16))
     y = run(line, lambda b: jax.lax.psum(b, "i"), x)
-    table = viz.before_after_table(x, y, title="psum")
-    assert table.html.count("class='bk-dev'") == 3 * 8
+    table = display.before_after_table(x, y, title="psum")
+    assert table.html.count("class='bk-dev") == 3 * 8
     assert "device 7 (i=7): [114 115] -> [856 864]" in table.text
 
 
 def test_table_rejects_mismatched_lengths():
     with pytest.raises(ValueError, match="one per device"):
-        viz.before_after_table([np.zeros(2)] * 8, [np.zeros(2)] * 7)
+        display.before_after_table([np.zeros(2)] * 8, [np.zeros(2)] * 7)
 
 
 def test_ppermute_shift_is_traced_with_its_zeros(line):
     x = blocks_of(line, 1 + np.arange(16))
     y = run(line, lambda b: jax.lax.ppermute(b, "i", [(k, k + 1) for k in range(7)]), x)
-    moves, zeros = viz.trace_moves(x, y)
+    moves, zeros = shards.trace_moves(x, y)
     assert moves == {(k, k + 1): [2 * k + 1, 2 * k + 2] for k in range(7)}
     assert zeros == {0}
-    diagram = viz.collective_diagram(x, y, title="shift")
+    diagram = display.collective_diagram(x, y, title="shift")
     assert diagram.source.count("->") == 7
     assert "device 0 (i=0): zeros, nobody sent to it" in diagram.text
 
@@ -57,36 +57,36 @@ def test_ppermute_shift_is_traced_with_its_zeros(line):
 def test_all_gather_sends_every_block_everywhere(line):
     x = blocks_of(line, np.arange(16))
     y = run(line, lambda b: jax.lax.all_gather(b, "i"), x)
-    moves, zeros = viz.trace_moves(x, y)
+    moves, zeros = shards.trace_moves(x, y)
     assert sorted(moves) == [(s, d) for s in range(8) for d in range(8)] and not zeros
-    assert " label=" not in viz.collective_diagram(x, y).source.split("->", 1)[1]
+    assert " label=" not in display.collective_diagram(x, y).source.split("->", 1)[1]
 
 
 def test_reductions_are_drawn_through_one_node_and_checked(line):
     m = blocks_of(line, np.arange(64).reshape(8, 8))
     y = run(line, lambda b: jax.lax.psum_scatter(b, "i", scatter_dimension=1, tiled=True), m)
-    diagram = viz.collective_diagram(m, y, reduce="sum")
+    diagram = display.collective_diagram(m, y, reduce="sum")
     assert "part 3 of dim 1" in diagram.source
     assert "device 3 (i=3) keeps part 3 of dim 1: [248]" in diagram.text
     with pytest.raises(ValueError, match="neither the mean"):
-        viz.collective_diagram(m, y, reduce="mean")
+        display.collective_diagram(m, y, reduce="mean")
 
 
 def test_reduction_groups_get_one_node_each():
     before = [np.array([k]) for k in range(4)]
     after = [np.array([2]), np.array([4]), np.array([2]), np.array([4])]
-    diagram = viz.collective_diagram(before, after, reduce="sum", groups=[[0, 2], [1, 3]])
+    diagram = display.collective_diagram(before, after, reduce="sum", groups=[[0, 2], [1, 3]])
     assert "r0 ->" in diagram.source and "r1 ->" in diagram.source
 
 
 def test_untraceable_values_are_explained():
     with pytest.raises(ValueError, match="appears twice"):
-        viz.trace_moves([np.array([1, 1])], [np.array([1, 1])])
+        shards.trace_moves([np.array([1, 1])], [np.array([1, 1])])
     with pytest.raises(ValueError, match="reduce='sum'"):
-        viz.trace_moves([np.array([1, 2])], [np.array([3, 3])])
+        shards.trace_moves([np.array([1, 2])], [np.array([3, 3])])
 
 
 def test_diagram_falls_back_to_text(line):
     x = blocks_of(line, 1 + np.arange(16))
     y = run(line, lambda b: jax.lax.ppermute(b, "i", [(k, (k + 1) % 8) for k in range(8)]), x)
-    assert "device 7 (i=7) -> device 0 (i=0): 15 16" in repr(viz.collective_diagram(x, y))
+    assert "device 7 (i=7) -> device 0 (i=0): 15 16" in repr(display.collective_diagram(x, y))

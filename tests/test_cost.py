@@ -130,5 +130,5 @@ def test_ring_bytes_of_compiled_collectives():
 
 
 def test_a_permute_onto_itself_moves_nothing():
-    row = book.hlo.Collective("collective-permute", (4,), "float32", 16, ((0, 0), (1, 1)))
+    row = book.hlo.Collective("collective-permute", ((4,),), "float32", 16, ((0, 0), (1, 1)))
     assert book.cost.ring_bytes(row) == 0

@@ -1,4 +1,7 @@
-"""book.hlo on programs whose communication is known, compiled for the 8 mock CPU devices."""
+"""book.hlo, and book.display's views of it, on programs whose communication is known.
+
+The programs are compiled for the 8 mock CPU devices.
+"""
 
 import re
 
@@ -9,8 +12,9 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import book.display
 import book.hlo
-from book.viz import Diagram, Rendered
+from book.display import Diagram, Rendered
 
 ALL = (tuple(range(8)),)
 # Ask XLA for its older replica-group notations (lists and iota tiles) instead of mesh axes,
@@ -50,7 +54,7 @@ def test_reduction_over_sharded_axis_is_one_all_reduce(mesh):
     compiled = jax.jit(lambda x: x.sum(axis=0)).lower(x).compile()
     (row,) = book.hlo.collectives(compiled)
     assert row.op == "all-reduce"
-    assert row.shape == (8,)
+    assert row.shapes == ((8,),)
     assert row.dtype == "float32"
     assert row.bytes == 8 * 4
     assert row.groups == ALL
@@ -62,7 +66,7 @@ def test_matmul_with_contraction_dim_sharded_all_reduces_the_product(mesh):
     b = put((32, 8), mesh, P("x", None))
     compiled = jax.jit(jnp.matmul).lower(a, b).compile()
     (row,) = book.hlo.collectives(compiled)
-    assert (row.op, row.shape, row.bytes, row.groups) == ("all-reduce", (16, 8), 16 * 8 * 4, ALL)
+    assert (row.op, *row.shapes, row.bytes, row.groups) == ("all-reduce", (16, 8), 16 * 8 * 4, ALL)
 
 
 def test_ring_ppermute_is_a_collective_permute_with_its_pairs(mesh):
@@ -74,7 +78,7 @@ def test_ring_ppermute_is_a_collective_permute_with_its_pairs(mesh):
     x = put((16, 8), mesh, P("x", None), jnp.int8)
     (row,) = book.hlo.collectives(jax.jit(f).lower(x).compile())
     assert row.op == "collective-permute"
-    assert row.shape == (2, 8)
+    assert row.shapes == ((2, 8),)
     assert row.dtype == "int8"
     assert row.bytes == 2 * 8 * 1
     assert row.groups == tuple(ring)
@@ -83,7 +87,7 @@ def test_ring_ppermute_is_a_collective_permute_with_its_pairs(mesh):
 def test_all_gather_result_is_the_full_array(mesh):
     x = put((16, 8), mesh, P("x", None))
     compiled = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P())).lower(x).compile()
-    assert [(r.op, r.shape, r.bytes) for r in book.hlo.collectives(compiled)] == [
+    assert [(r.op, *r.shapes, r.bytes) for r in book.hlo.collectives(compiled)] == [
         ("all-gather", (16, 8), 16 * 8 * 4)
     ]
 
@@ -93,8 +97,8 @@ def test_all_to_all_tuple_result_sums_its_parts(mesh):
     out = NamedSharding(mesh, P(None, "x"))
     (row,) = book.hlo.collectives(jax.jit(lambda x: x, out_shardings=out).lower(x).compile())
     assert row.op == "all-to-all"
-    assert all(len(s) == 3 for s in row.shape)
-    assert row.bytes == sum(int(np.prod(s)) for s in row.shape) * 4 == 2 * 8 * 4
+    assert len(row.shapes) > 1 and all(len(s) == 3 for s in row.shapes)
+    assert row.bytes == sum(int(np.prod(s)) for s in row.shapes) * 4 == 2 * 8 * 4
 
 
 def test_groups_on_a_2d_mesh_follow_the_reduced_axis(mesh2d):
@@ -113,7 +117,7 @@ def test_reduce_scatter_from_psum_scatter(mesh):
         out_specs=P("x"),
     )
     (row,) = book.hlo.collectives(jax.jit(f).lower(jnp.ones((16, 8))).compile())
-    assert (row.op, row.shape, row.bytes, row.groups) == ("reduce-scatter", (2, 8), 64, ALL)
+    assert (row.op, *row.shapes, row.bytes, row.groups) == ("reduce-scatter", (2, 8), 64, ALL)
 
 
 def pieces(x, dim: int) -> list[tuple[int, ...]]:
@@ -246,7 +250,7 @@ def test_no_collectives_when_every_device_has_its_data(mesh):
     x = put((16, 8), mesh, P("x", None))
     compiled = jax.jit(lambda x: 2 * x + 1).lower(x).compile()
     assert book.hlo.collectives(compiled) == []
-    assert "No collectives" in repr(book.hlo.collective_table(compiled))
+    assert "No collectives" in repr(book.display.collective_table(compiled))
 
 
 def test_a_lowered_program_is_refused_with_a_hint(mesh):
@@ -289,15 +293,15 @@ def test_async_pairs_count_once_with_the_done_shape():
     rows = book.hlo.collectives(ASYNC_HLO)
     assert [r.op for r in rows] == ["all-to-all", "all-gather", "all-reduce", "collective-permute"]
     a2a, gather, reduce, permute = rows
-    assert (a2a.shape, a2a.dtype, a2a.bytes) == ((8, 4), "bfloat16", 64)
+    assert (a2a.shapes, a2a.dtype, a2a.bytes) == (((8, 4),), "bfloat16", 64)
     assert a2a.groups == ((0, 1, 2, 3), (4, 5, 6, 7))
-    assert (gather.shape, gather.bytes, gather.groups) == ((16, 8), 512, ALL)
+    assert (gather.shapes, gather.bytes, gather.groups) == (((16, 8),), 512, ALL)
     assert reduce.groups == ((0, 4), (1, 5), (2, 6), (3, 7))
     assert (permute.bytes, permute.groups) == (512, ((0, 1), (1, 0)))
 
 
 def test_graph_of_async_text_shows_each_collective_once():
-    diagram = book.hlo.graph(ASYNC_HLO)
+    diagram = book.display.hlo_graph(ASYNC_HLO)
     for op in ("all-gather", "all-reduce", "collective-permute", "all-to-all"):
         assert diagram.source.count(f'label="{op}\\n') == 1, op
     assert "-start" not in diagram.source and "-done" not in diagram.source
@@ -413,11 +417,11 @@ def test_table_and_graph_render(mesh):
     a = put((16, 32), mesh, P(None, "x"))
     b = put((32, 8), mesh, P("x", None))
     compiled = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(a, b).compile()
-    table = book.hlo.collective_table(compiled, title="matmul")
+    table = book.display.collective_table(compiled, title="matmul")
     assert isinstance(table, Rendered)
     assert "all-reduce" in table.html and "512" in table.html
     assert "all-reduce" in repr(table) and "total" in repr(table)
-    diagram = book.hlo.graph(compiled)
+    diagram = book.display.hlo_graph(compiled)
     assert isinstance(diagram, Diagram)
     assert "all-reduce" in diagram.source
     assert "fused_computation" not in diagram.source, "fusions should be collapsed to one node"
@@ -428,18 +432,12 @@ def test_table_and_graph_render(mesh):
         assert diagram.svg.lstrip().startswith("<?xml") or "<svg" in diagram.svg
 
 
-def test_table_helper_aligns_text_and_escapes_html():
-    rendered = book.hlo.table(["name", "bytes"], [["<a>", 1024], ["b", 8]], title="t")
-    assert "&lt;a&gt;" in rendered.html and "1,024" in rendered.html
-    assert repr(rendered).splitlines() == ["t", "name  bytes", "<a>   1,024", "b     8"]
-
-
 def test_listing_keeps_shapes_and_groups_and_drops_the_rest(mesh2d):
     x = put((16, 32), mesh2d, P("a", None))
     w = put((32, 8), mesh2d, P(None, "b"))
     fn = jax.jit(lambda x, w: jnp.tanh(x @ w), out_shardings=NamedSharding(mesh2d, P()))
     compiled = fn.lower(x, w).compile()
-    text = book.hlo.listing(compiled)
+    text = book.display.listing(compiled)
     assert "metadata=" not in text and "{1,0}" not in text and "channel_id" not in text
     assert all(len(line) <= 88 for line in text.splitlines())
     params = [r for r in book.hlo.instructions(compiled) if r.op == "parameter"]
@@ -454,8 +452,8 @@ def test_listing_keeps_shapes_and_groups_and_drops_the_rest(mesh2d):
     gathers = book.hlo.instructions(compiled, "all-gather")  # over b, then over a
     assert [g.type for g in gathers] == ["f32[8,8]", "f32[16,8]"] and gathers[-1].root
     assert all(any(d.startswith("replica_groups=") for d in g.details) for g in gathers)
-    shown = "\n".join(g.text() for g in gathers)
-    assert book.hlo.listing(compiled, ops="all-gather") == shown
+    shown = "\n".join(book.display.instruction_text(g) for g in gathers)
+    assert book.display.listing(compiled, ops="all-gather") == shown
 
 
 def test_a_fused_dynamic_slice_is_found_inside_its_fusion(mesh):
@@ -465,7 +463,7 @@ def test_a_fused_dynamic_slice_is_found_inside_its_fusion(mesh):
     (reduce,) = book.hlo.instructions(compiled, "all-reduce")
     (cut,) = book.hlo.instructions(compiled, "dynamic-slice")  # CPU: all-reduce, then a slice
     assert cut.shape == (2, 8) and f"%{reduce.name}" in cut.operands
-    assert "dynamic-slice" in cut.text()
+    assert "dynamic-slice" in book.display.instruction_text(cut)
 
 
 def test_listing_abbreviates_array_literals():
@@ -478,7 +476,7 @@ ENTRY %main (p: f32[4]) -> f32[4] {
   ROOT %s = f32[4]{0} add(%p, %c)
 }
 """
-    assert book.hlo.listing(text).splitlines() == [
+    assert book.display.listing(text).splitlines() == [
         "%p = f32[4] parameter(0)",
         "%c = f32[4] constant(…)",
         "%z = f32[] constant(0)",
@@ -489,7 +487,7 @@ ENTRY %main (p: f32[4]) -> f32[4] {
 def test_stablehlo_listing_shows_argument_shardings_one_op_a_line(mesh2d):
     x = put((16, 32), mesh2d, P("a", None))
     fn = jax.jit(lambda x: jax.lax.with_sharding_constraint(2 * x, NamedSharding(mesh2d, P("b"))))
-    text = book.hlo.stablehlo_listing(fn.lower(x))
+    text = book.display.stablehlo_listing(fn.lower(x))
     lines = text.splitlines()
     assert lines[0] == "@main("
     assert lines[1] == '    %arg0: tensor<16x32xf32> sharding<@mesh, [{"a"}, {}]>'
@@ -497,9 +495,3 @@ def test_stablehlo_listing_shows_argument_shardings_one_op_a_line(mesh2d):
     assert any("sdy.sharding_constraint" in line and '[{"b"}, {}]' in line for line in lines)
     assert any(line.strip().startswith("return") for line in lines)
     assert all(len(line) <= 88 for line in lines)
-
-
-def test_table_note_goes_under_the_table():
-    rendered = book.hlo.table(["a"], [[1]], note="¹ a footnote")
-    assert rendered.html.endswith("<p class='bk-hlo-note'>¹ a footnote</p>")
-    assert repr(rendered).splitlines()[-1] == "¹ a footnote"

@@ -25,6 +25,7 @@ def test_the_wheel_holds_every_module(tmp_path):
         capture_output=True,
     )
     (wheel,) = tmp_path.glob("*.whl")
-    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py")}
+    names = set(zipfile.ZipFile(wheel).namelist())
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "book").rglob("*.py")}
-    assert modules and modules <= shipped, sorted(modules - shipped)
+    assert modules and modules <= names, sorted(modules - names)
+    assert "book/book.css" in names, "the stylesheet every output embeds must ship too"

@@ -22,7 +22,7 @@ def test_chapter_10_shows_the_pieces_and_the_training(built_book):
     text = page(built_book, "10_sharded_data_loading")
     assert "rows per read: [8, 8, 8, 8, 8, 8, 8, 8]" in text
     assert "each shard is the piece put there, not a copy: True" in text
-    assert text.count("class='bk-dev'") >= 8  # the example numbers on every device
+    assert text.count("class='bk-dev") >= 8  # the example numbers on every device
     assert "epoch 1: 1024 examples, 1024 distinct" in text
     assert "48 steps, 1152 reads, the largest 8 rows" in text
     # make_array_from_callback: one call per device, replicas included; one for a replicated array.

@@ -51,7 +51,7 @@ def test_fsdp_gathers_parameters_and_scatters_gradients():
 
 def test_tp_moves_only_the_logits():
     a = strategies.analyze("TP", (8,), SIZES)
-    ((op, shape, n),) = [(r.op, r.shape, r.group_size) for r in a.collectives]
+    ((op, shape, n),) = [(r.op, *r.shapes, r.group_size) for r in a.collectives]
     assert (op, shape, n) == ("all-reduce", (SIZES.batch, SIZES.classes), 8)
     replicated_b2 = SIZES.classes * 4
     assert a.param_bytes == (PARAM_BYTES - replicated_b2) // 8 + replicated_b2
@@ -61,7 +61,7 @@ def test_dp_x_tp_groups_follow_the_mesh_axes():
     a = strategies.analyze("DP x TP", (4, 2), SIZES)
     logits = [r for r in a.collectives if r.group_size == 2]
     grads = [r for r in a.collectives if r.group_size == 4]
-    assert [r.shape for r in logits] == [(SIZES.batch // 4, SIZES.classes)]
+    assert [r.shapes for r in logits] == [((SIZES.batch // 4, SIZES.classes),)]
     assert logits[0].groups == ((0, 1), (2, 3), (4, 5), (6, 7))
     assert sum(r.bytes for r in grads) == a.param_bytes + 4
     assert grads[0].groups == ((0, 2, 4, 6), (1, 3, 5, 7))

@@ -6,6 +6,7 @@ import re
 import pytest
 
 from book import forms
+from book.forms import strategy
 
 
 def test_mesh_choices_of_eight_devices():
@@ -57,7 +58,7 @@ def test_bad_choices_give_one_sentence(args, sentence):
 
 
 def test_static_twin_offers_every_strategy_and_mesh(monkeypatch):
-    monkeypatch.setattr(forms, "render_strategy", lambda s, m: f"<p>{s} on {m}</p>")
+    monkeypatch.setattr(strategy, "_answer", lambda s, m, *sizes: f"<p>{s} on {m}</p>")
     page = forms.static_strategy_explorer()
     data = json.loads(re.search(r"class='bk-data'>(.*?)</script>", page).group(1))
     assert data["rest"]["DP x TP"] == [["4x2", "2x4"]]
@@ -70,7 +71,7 @@ def test_static_twin_offers_every_strategy_and_mesh(monkeypatch):
 
 
 def test_widget_follows_the_choices(monkeypatch):
-    monkeypatch.setattr(forms, "static_strategy_explorer", lambda: "<p>twin</p>")
+    monkeypatch.setattr(strategy, "static_strategy_explorer", lambda: "<p>twin</p>")
     form = forms.strategy_explorer()
     assert form.static_html == "<p>twin</p>"
     controls, out = form.widget.children

@@ -295,13 +295,15 @@ def ch03_gram(gram):
         out.sharding.is_equivalent_to(NamedSharding(mesh, P("x", None)), 2),
         f"The product comes out as {spec}; ask for P('x', None), each device keeping its rows.",
     )
+    import book.display
     import book.hlo
 
     rows = book.hlo.collectives(compiled)
     gathered = [r for r in rows if r.op == "all-gather"]
     need(
         not gathered,
-        f"The compiled program all-gathers {list(gathered[0].shape if gathered else ())}: it "
+        f"The compiled program all-gathers "
+        f"{book.display.shape_text(gathered[0]) if gathered else '[]'}: it "
         "moves a to every device instead of summing each device's partial product.",
     )
     ops = [r.op for r in rows]
@@ -329,7 +331,7 @@ def ch03_gram(gram):
         "The program sums the partial products but never cuts out each device's rows.",
     )
     cut = cuts[0]
-    line = cut.text(width=10_000).splitlines()[0].removeprefix("ROOT ")
+    line = book.display.instruction_text(cut, 10_000).splitlines()[0].removeprefix("ROOT ")
     what = f"`{line}`" + (f" (a fusion of {', '.join(cut.main_fused)})" if cut.fused else "")
     return (
         "each device keeps its rows of aᵀa: the partial products are summed with an all-reduce "
@@ -484,6 +486,7 @@ def ch04_mlp(mlp):
     import jax
     from jax.sharding import PartitionSpec as P
 
+    import book.display
     import book.hlo
 
     mesh = _explicit_2x4()
@@ -513,10 +516,10 @@ def ch04_mlp(mlp):
         what = {
             (8, 64): "the hidden activation, which should never leave its device",
             (64, 32): "w2, a whole copy of the weight on every device",
-        }.get(r.shape, "an operand")
+        }.get(r.shapes[0], "an operand")
         raise Wrong(
-            f"The program all-gathers {what} ({list(r.shape)} per device); let the second "
-            "product's partial sums be added instead."
+            f"The program all-gathers {what} ({book.display.shape_text(r)} per device); let the "
+            "second product's partial sums be added instead."
         )
     model_groups = [[d.id for d in row] for row in mesh.devices]
     need(
@@ -541,6 +544,7 @@ def ch04_small_operand(product):
     import jax
     from jax.sharding import PartitionSpec as P
 
+    import book.display
     import book.hlo
 
     A, V = ints((8, 32), 45), ints((32, 256), 46)
@@ -562,5 +566,5 @@ def ch04_small_operand(product):
         f"{big.bytes if big else 0:,} bytes per device, more than all of a ({A.nbytes:,} "
         "bytes); move a instead.",
     )
-    moved = ", ".join(f"{r.op} {list(r.shape)}" for r in rows)
+    moved = ", ".join(f"{r.op} {book.display.shape_text(r)}" for r in rows)
     return f"only a-sized pieces move ({moved}), and the result has type {kind}."

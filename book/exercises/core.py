@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from book.specs import spec_text as spec_text  # the checkers write specs as readers do
+
 TIME_LIMIT = 60.0  # seconds a checker may run, unless it asks for more with checker(limit=...)
 _GRACE = 2.0  # how long a stopped checker gets to unwind
 
@@ -347,7 +349,3 @@ def ints(shape, seed):
 def first_sentence(err) -> str:
     text = _text(err, None) or type(err).__name__
     return text.split(". ")[0].rstrip(".")[:160]
-
-
-def spec_text(spec) -> str:
-    return "P(" + ", ".join(repr(s) for s in spec) + ")"

@@ -53,7 +53,7 @@ def _one_device(fn, *args, argnums=0):
 
 def _row_shapes(row) -> list[tuple]:
     """The shapes a collective moves: several when the compiler combined collectives."""
-    return list(row.shape) if row.shape and isinstance(row.shape[0], tuple) else [row.shape]
+    return list(row.shapes)
 
 
 def _factor(got, want) -> float:
@@ -417,6 +417,7 @@ def ch09_two_layers(two_layers):
     """
     from jax.sharding import PartitionSpec as P
 
+    import book.display
     import book.hlo
 
     mesh = line_mesh("model")
@@ -444,15 +445,16 @@ def ch09_two_layers(two_layers):
     for r in rows:
         need(
             r.op != "all-reduce",
-            f"The program all-reduces {list(r.shape)}: every device receives the whole sum "
-            "and keeps an eighth of it; psum_scatter delivers each device only its slice.",
+            f"The program all-reduces {book.display.shape_text(r)}: every device receives the "
+            "whole sum and keeps an eighth of it; psum_scatter delivers each device only its "
+            "slice.",
         )
         need(
             r.op != "all-gather",
-            f"The program all-gathers {list(r.shape)}; with features split, nothing needs "
-            "gathering: each layer is a local matmul and a psum_scatter.",
+            f"The program all-gathers {book.display.shape_text(r)}; with features split, "
+            "nothing needs gathering: each layer is a local matmul and a psum_scatter.",
         )
-    shapes = sorted((r.op, r.shape) for r in rows)
+    shapes = sorted((r.op, *r.shapes) for r in rows)
     need(
         shapes == [("reduce-scatter", (12, 3)), ("reduce-scatter", (12, 8))],
         f"Expected one reduce-scatter per layer, of shapes (12, 8) and (12, 3), but the "
@@ -531,9 +533,9 @@ def ch09_megatron_block(tp_block):
 
     hidden_stays(forward)
     need(
-        [(r.op, r.shape) for r in forward] == [("all-reduce", (B, D))],
+        [(r.op, *r.shapes) for r in forward] == [("all-reduce", (B, D))],
         f"Expected one all-reduce of the output's partial sums, {(B, D)}, but the program has "
-        f"{[(r.op, r.shape) for r in forward]}.",
+        f"{[(r.op, *r.shapes) for r in forward]}.",
     )
 
     def loss(params, x):

@@ -1,0 +1,761 @@
+"""How the book shows things: tables, errors, listings, pictures of arrays and diagrams.
+
+Analysis modules (``book.shards``, ``book.hlo``, ``book.strategies``) return plain data; this
+module is the one place that turns it into HTML for notebooks and the online book, each with a
+plain-text twin for terminals. Every output embeds the book's one stylesheet once: ``book.css``,
+shipped inside the package (a notebook in Colab has no repository) and linked from ``_static/``
+for the online book. Diagrams are built with the ``graphviz`` package and drawn by Graphviz's
+``dot``/``neato``; where those are missing a diagram shows as compact text, with one line saying
+how to get the pictures. Text tables are laid out by ``tabulate``.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import importlib.resources
+import math
+import re
+import textwrap
+
+import graphviz
+import numpy as np
+from tabulate import tabulate
+
+from book import hlo, shards, validate
+from book.errors import ReaderError
+
+STYLESHEET = importlib.resources.files("book").joinpath("book.css").read_text(encoding="utf-8")
+# The colours that tell devices apart, read from the stylesheet so tables and diagrams agree.
+PALETTE = tuple(re.findall(r"\.bk-c\d+ \{ background: (#[0-9a-f]{6}); \}", STYLESHEET))
+NEEDS_DOT = (
+    "(Pictures need Graphviz's dot: 'apt-get install graphviz' or 'brew install graphviz'; "
+    "shown as text meanwhile.)"
+)
+MAX_ROWS, MAX_COLS, MAX_SLICES = 8, 8, 4
+MAX_BLOCKS = shards.MAX_BLOCKS
+
+
+class DisplayError(ReaderError, ValueError):
+    """Something passed to a table or picture that it cannot show, explained in one sentence."""
+
+
+def styled(body: str) -> str:
+    """HTML that carries the book's stylesheet: the one place an output embeds it."""
+    return f"<style>{STYLESHEET}</style>{body}"
+
+
+class Rendered:
+    """HTML for notebooks, with a plain-text twin for terminals and text-only outputs.
+
+    ``html`` is the bare markup, for composing several into one output; the notebook view adds
+    the stylesheet.
+    """
+
+    def __init__(self, html_text: str, text: str):
+        self.html = html_text
+        self.text = text
+
+    def _repr_html_(self):
+        return styled(self.html)
+
+    def __repr__(self):
+        return self.text
+
+
+class Diagram:
+    """A Graphviz drawing: SVG in notebooks where Graphviz is installed, its text twin otherwise."""
+
+    def __init__(self, graph: graphviz.Digraph, text: str):
+        self.graph = graph
+        self.text = text
+
+    @property
+    def source(self) -> str:
+        return self.graph.source
+
+    @functools.cached_property
+    def svg(self) -> str | None:
+        """The drawing as SVG, or None where Graphviz cannot draw it."""
+        pinned = 2 if self.graph.engine == "neato" else None  # node positions are given
+        try:
+            return self.graph.pipe(format="svg", encoding="utf-8", neato_no_op=pinned)
+        except (graphviz.ExecutableNotFound, graphviz.CalledProcessError):
+            return None
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        if self.svg is None:
+            return {"text/plain": f"{self.text}\n{NEEDS_DOT}"}
+        return {"image/svg+xml": self.svg, "text/plain": self.text}
+
+    def __repr__(self):
+        return self.text
+
+
+def _digraph(name: str, engine: str, title: str | None, **node) -> graphviz.Digraph:
+    graph = graphviz.Digraph(
+        name,
+        engine=engine,
+        graph_attr={"fontname": "Helvetica"},
+        node_attr={"shape": "box", "fontname": "Helvetica", **node},
+        edge_attr={"fontname": "Helvetica"},
+    )
+    if title:
+        graph.attr(label=_label(title), labelloc="t")
+    return graph
+
+
+def _label(text: str) -> str:
+    """A Graphviz label: the package quotes it, line breaks become Graphviz's own."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _title(title):
+    return validate.optional_text(title, "the title", example="'x'", error=DisplayError)
+
+
+# Tables and errors -------------------------------------------------------------------------------
+
+
+def table(headers, rows, *, title: str | None = None, note: str | None = None) -> Rendered:
+    """A small table, HTML with a plain-text twin, for facts read from programs and runs.
+
+    Numbers are right-aligned and written with thousands separators. ``note`` is a footnote
+    printed under the table, for what a row cannot say by itself.
+    """
+    headers = [str(h) for h in headers]
+    rows = [list(row) for row in rows]
+    cells = [[f"{v:,}" if isinstance(v, int) else str(v) for v in row] for row in rows]
+    numeric = [
+        all(isinstance(v, (int, float)) or v == "" for v in column) and any(column)
+        for column in zip(*rows, strict=True)
+    ] or [False] * len(headers)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = ""
+    for row, texts in zip(rows, cells, strict=True):
+        tds = [
+            f"<td class='num'>{html.escape(c)}</td>"
+            if isinstance(v, (int, float))
+            else f"<td>{html.escape(c)}</td>"
+            for v, c in zip(row, texts, strict=True)
+        ]
+        body += "<tr>" + "".join(tds) + "</tr>"
+    caption = f"<caption>{html.escape(title)}</caption>" if title else ""
+    markup = (
+        f"<div class='bk-table-wrap'><table class='bk-table'>{caption}"
+        f"<tr>{head}</tr>{body}</table></div>"
+    )
+    if note:
+        markup += f"<p class='bk-note'>{html.escape(note)}</p>"
+    align = ["right" if n else "left" for n in numeric]
+    text = tabulate(cells, headers, tablefmt="simple", colalign=align, disable_numparse=True)
+    return Rendered(
+        markup, "\n".join(([title] if title else []) + [text] + ([note] if note else []))
+    )
+
+
+def error_html(message) -> str:
+    """A reader's mistake as its one sentence, in place of a result (bare markup)."""
+    message = message if isinstance(message, str) else validate.describe(message)
+    return f"<div class='bk-viz bk-error'>{html.escape(message)}</div>"
+
+
+# What the compiler made -------------------------------------------------------------------------
+
+
+def shape_text(row: hlo.Collective) -> str:
+    """A row's shapes per device: ``[8, 32]``, ``4 × [1, 4, 8]`` or ``([8], [8, 32])``."""
+    if len(row.shapes) == 1:
+        return str(list(row.shapes[0]))
+    if len(set(row.shapes)) == 1:
+        return f"{len(row.shapes)} × {list(row.shapes[0])}"
+    return "(" + ", ".join(str(list(s)) for s in row.shapes) + ")"
+
+
+def groups_text(row: hlo.Collective, limit: int = 4) -> str:
+    """The groups of a row in a few characters: ``{0,4} {1,5} … (4 groups of 2)``."""
+    if row.op == "collective-permute":
+        pairs = [f"{a}→{b}" for a, b in row.groups]
+        shown = ", ".join(pairs[: 2 * limit])
+        return shown + (f", … ({len(pairs)} pairs)" if len(pairs) > 2 * limit else "")
+    parts = ["{" + ",".join(map(str, g)) + "}" for g in row.groups]
+    shown = " ".join(parts[:limit])
+    if len(parts) > limit:
+        shown += " …"
+    return f"{shown} ({len(parts)} group{'s' if len(parts) > 1 else ''} of {row.group_size})"
+
+
+def collective_table(compiled, *, title: str | None = None) -> Rendered:
+    """The collectives of a compiled program as a table: op, shape, dtype, bytes, groups."""
+    rows = hlo.collectives(compiled)
+    if not rows:
+        message = "No collectives: every device computes on the data it already holds."
+        text = f"{title}: {message}" if title else message
+        return Rendered(f"<p class='bk-table'>{html.escape(text)}</p>", text)
+    body = [[k, r.op, shape_text(r), r.dtype, r.bytes, groups_text(r)] for k, r in enumerate(rows)]
+    body.append(["", "total", "", "", sum(r.bytes for r in rows), ""])
+    headers = ["#", "collective", "shape per device", "dtype", "bytes per device", "groups"]
+    return table(headers, body, title=title)
+
+
+_NODE_STYLES = {
+    "collective": {
+        "style": "filled,bold",
+        "fillcolor": "#f4cccc",
+        "color": "#cc0000",
+        "penwidth": "2",
+    },
+    "fusion": {"style": "filled,rounded", "fillcolor": "#fff2cc", "color": "#b7950b"},
+    "parameter": {
+        "shape": "ellipse",
+        "style": "filled",
+        "fillcolor": "#cfe2f3",
+        "color": "#3d85c6",
+    },
+    "other": {"style": "rounded", "color": "#666666"},
+}
+
+
+def _node_label(node: hlo.Node) -> str:
+    if node.kind == "collective":
+        row = node.collective
+        label = f"{node.what}\n{node.type}\n{row.bytes:,} B\n{groups_text(row, 2)}"
+    elif node.kind == "fusion":
+        label = f"fusion: {node.what}\n{node.type}"
+    else:
+        label = f"{node.what}\n{node.type}"
+    return f"{node.count} × {label}" if node.count > 1 else label
+
+
+def hlo_graph(compiled, *, title: str | None = None) -> Diagram:
+    """The entry computation of a compiled program as a data-flow graph (``hlo.dataflow``).
+
+    Collectives are red and carry their bytes and groups, fusions are yellow and name what
+    they merge, parameters are blue and named after the function's arguments.
+    """
+    flow = hlo.dataflow(compiled)
+    graph = _digraph("hlo", "dot", _title(title), fontsize="11")
+    graph.attr("edge", color="#555555")
+    lines = [title] if title else []
+    for k, node in enumerate(flow.nodes):
+        label = _node_label(node)
+        graph.node(f"n{k}", _label(label), **_NODE_STYLES[node.kind])
+        for s in node.inputs:
+            graph.edge(f"n{s}", f"n{k}")
+        given = ", ".join(f"[{s}]" for s in node.inputs)
+        line = f"[{k}] " + label.replace("\n", " ")
+        lines.append(line + (f"  <- {given}" if given else ""))
+    graph.node("out", "output", shape="plaintext")
+    for s in flow.outputs:
+        graph.edge(f"n{s}", "out")
+    return Diagram(graph, "\n".join(lines))
+
+
+def instruction_text(row: hlo.Instruction, width: int = 88) -> str:
+    """One instruction on one line, each attribute that says where data lives indented below."""
+    root = "ROOT " if row.root else ""
+    lines = [f"{root}%{row.name} = {row.type} {row.op}({', '.join(row.operands)})"]
+    if row.fused:
+        lines.append("    fuses " + ", ".join(row.main_fused))
+    lines += [f"    {d}" for d in row.details]
+    return "\n".join(_wrap(line, width) for line in lines)
+
+
+def listing(compiled, *, ops=None, width: int = 88) -> str:
+    """The entry computation of a compiled program as short text, one instruction at a time.
+
+    ``.as_text()`` puts layouts, metadata and backend configuration on every line, which hides
+    what a reader looks for: each result's shape on one device and the collectives' groups (and
+    the parameters' shardings, where the XLA version prints them: jax 0.10's does, 0.12's leaves
+    them out, and ``compiled.input_shardings`` has them in every version). Here each
+    instruction is one line (its name, result type, op and operands), a fusion says which
+    operations it merges, and only the attributes of ``hlo.Instruction.details`` follow,
+    indented. With ``ops``, only instructions doing one of them are listed.
+    """
+    rows = hlo.instructions(compiled)
+    if ops is not None:
+        wanted = [ops] if isinstance(ops, str) else list(ops)
+        rows = [r for r in rows if any(r.does(op) for op in wanted)]
+    return "\n".join(instruction_text(r, width) for r in rows)
+
+
+def stablehlo_listing(lowered, *, width: int = 88) -> str:
+    """The ``main`` function of a lowered program (``hlo.stablehlo_main``) as short text.
+
+    One argument per line with the sharding it carries, then one operation per line.
+    """
+    main = hlo.stablehlo_main(lowered)
+    args = [f"    {a}," for a in main.arguments]
+    if args:
+        args[-1] = args[-1][:-1]
+    lines = ["@main(", *args, f") -> {', '.join(main.results)}", *main.operations]
+    return "\n".join(_wrap(line, width) for line in lines)
+
+
+def _wrap(line: str, width: int) -> str:
+    if len(line) <= width:
+        return line
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.fill(
+        line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+
+
+# Pictures of sharded arrays ----------------------------------------------------------------------
+
+
+def _fmt(v) -> str:
+    if isinstance(v, (np.floating, float)):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _slice_text(index, shape) -> str:
+    parts = []
+    for s, n in zip(index, shape):
+        start, stop = s.indices(n)[:2]
+        parts.append(":" if (start, stop) == (0, n) else f"{start}:{stop}")
+    return "[" + ", ".join(parts) + "]"
+
+
+def _matrix_html(values: np.ndarray) -> str:
+    """A 0-2D block as a small table, trimmed with ellipses when it is large."""
+    values = np.atleast_2d(values) if values.ndim < 2 else values
+    rows = []
+    for r in range(min(values.shape[0], MAX_ROWS)):
+        cells = [_fmt(v) for v in values[r, :MAX_COLS]]
+        if values.shape[1] > MAX_COLS:
+            cells.append("…")
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    if values.shape[0] > MAX_ROWS:
+        rows.append("<tr><td>⋮</td></tr>")
+    return f"<table class='bk-vals'>{''.join(rows)}</table>"
+
+
+def _block_html(values: np.ndarray) -> str:
+    """Any rank: rank>2 blocks are shown as their leading-index 2D slices, labelled."""
+    if values.ndim <= 2:
+        return _matrix_html(values)
+    lead = values.shape[:-2]
+    parts = []
+    for k, idx in enumerate(np.ndindex(*lead)):
+        if k == MAX_SLICES:
+            parts.append(f"<div class='bk-idx'>… {math.prod(lead) - k} more slices</div>")
+            break
+        label = "[" + ", ".join(map(str, idx)) + ", :, :]"
+        parts.append(f"<div class='bk-idx'>{label}</div>{_matrix_html(values[idx])}")
+    return "".join(parts)
+
+
+def _block_text(values: np.ndarray) -> str:
+    with np.printoptions(threshold=MAX_ROWS * MAX_COLS, edgeitems=3, linewidth=100):
+        return np.array2string(values)
+
+
+def _box(content: str, colour: int | None = None) -> str:
+    """One device's box; ``colour`` picks the stylesheet's colour ``bk-c<n>``."""
+    tint = "" if colour is None else f" bk-c{colour % len(PALETTE)}"
+    return f"<div class='bk-dev{tint}'>{content}</div>"
+
+
+def _grid(rows: list[list[str]]) -> str:
+    return (
+        "<table class='bk-grid'>"
+        + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+        + "</table>"
+    )
+
+
+def _device_grid(x):
+    """The devices of ``x`` arranged as rows x columns, following its mesh when it has one."""
+    mesh = getattr(x.sharding, "mesh", None)
+    if mesh is not None and hasattr(mesh, "devices"):
+        grid = np.asarray(mesh.devices)
+        names = tuple(mesh.axis_names)
+    else:
+        grid = np.array(sorted(x.sharding.device_set, key=lambda d: d.id), dtype=object)
+        names = ("devices",)
+    if grid.ndim == 1:
+        grid = grid.reshape(1, -1)
+        names = ("",) + names
+    return grid.reshape(grid.shape[0], -1), names, np.asarray(mesh.devices).shape if mesh else None
+
+
+def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str = "x") -> Rendered:
+    """Every device's shard of ``x``: its device id, mesh position, index and actual values.
+
+    Devices holding the same slice share a colour, so replication is visible at a glance.
+    ``name`` labels each index (``w1[0:2, :]``), so tables of several arrays tell them apart.
+    """
+    validate.array(x, "shard_table's argument")
+    show_ids = validate.flag(show_ids, "show_ids", error=DisplayError)
+    title = _title(title)
+    name = validate.text(name, "the name", example="'x'", limit=40, error=DisplayError)
+    if len(x.sharding.device_set) > MAX_BLOCKS:
+        raise DisplayError(
+            f"The array spans {len(x.sharding.device_set)} devices; a table shows at most "
+            f"{MAX_BLOCKS}."
+        )
+    grid, names, mesh_shape = _device_grid(x)
+    by_device = {s.device: s for s in x.addressable_shards}
+    keys = sorted({shards.index_key(s.index, x.shape) for s in by_device.values()})
+    colour = {k: i for i, k in enumerate(keys)}
+    rows, lines = [], []
+    for r in range(grid.shape[0]):
+        rows.append([])
+        for device in grid[r]:
+            shard = by_device.get(device)
+            if shard is None:
+                rows[-1].append(_box("not addressable here"))
+                continue
+            values = np.asarray(shard.data)
+            where = _slice_text(shard.index, x.shape)
+            head = f"<b>device {device.id}</b>" if show_ids else "<b>device</b>"
+            content = f"{head} <span class='bk-idx'>{html.escape(name + where)}</span>"
+            tint = colour[shards.index_key(shard.index, x.shape)]
+            rows[-1].append(_box(content + _block_html(values), tint))
+            label = f"device {device.id}" if show_ids else "device"
+            lines.append(f"{label} {name}{where}:\n{_block_text(values)}")
+    s = shards.summarize(x)
+    mesh_note = ""
+    if mesh_shape is not None:
+        mesh_note = (
+            " on a " + "x".join(map(str, mesh_shape)) + " mesh " + str(tuple(n for n in names if n))
+        )
+    summary = (
+        f"array {s.shape} {s.dtype}{mesh_note}: shard shape {s.shard_shape}, "
+        f"{s.bytes_per_device:,} of {s.total_bytes:,} bytes per device, "
+        f"each shard held by {s.replication} device{'s' if s.replication > 1 else ''}"
+    )
+    heading = f"<div><b>{html.escape(title)}</b></div>" if title else ""
+    body = (
+        f"<div class='bk-viz'>{heading}{_grid(rows)}"
+        f"<div class='bk-sum'>{html.escape(summary)}</div></div>"
+    )
+    return Rendered(body, "\n".join(([title] if title else []) + lines + [summary]))
+
+
+def mesh_diagram(mesh, *, title: str | None = None) -> Diagram:
+    """The mesh as a grid of device ids at their mesh coordinates: device order made visible.
+
+    Each box shows a device id and, below it, the device's coordinates along the mesh axes.
+    """
+    validate.mesh(mesh)
+    title = _title(title)
+    if mesh.size > MAX_BLOCKS:
+        raise DisplayError(
+            f"The mesh has {mesh.size} devices; a diagram shows at most {MAX_BLOCKS}."
+        )
+    devices = np.asarray(mesh.devices)
+    names = tuple(mesh.axis_names)
+    grid = devices.reshape(1, -1) if devices.ndim == 1 else devices.reshape(devices.shape[0], -1)
+    graph = _digraph("mesh", "neato", title, style="rounded,filled")
+    step_x, step_y = 90, 60
+    for pos, device in np.ndenumerate(devices):
+        r, c = np.argwhere(grid == device)[0]
+        coord = "(" + ", ".join(map(str, pos)) + ")"
+        graph.node(
+            f"d{device.id}",
+            f'<<b>{device.id}</b><br/><font point-size="9">{coord}</font>>',
+            fillcolor=PALETTE[device.id % len(PALETTE)],
+            pos=f"{c * step_x},{-r * step_y}",
+        )
+    cols_name = names[-1] if devices.ndim <= 2 else "(" + ", ".join(names[1:]) + ")"
+    plain = {"shape": "plaintext", "style": ""}
+    graph.node(
+        "cols",
+        _label(cols_name + " →"),
+        pos=f"{(grid.shape[1] - 1) * step_x / 2},{step_y * 0.8}",
+        **plain,
+    )
+    if devices.ndim > 1:
+        graph.node(
+            "rows",
+            _label(names[0] + " ↓"),
+            pos=f"{-step_x * 0.9},{-(grid.shape[0] - 1) * step_y / 2}",
+            **plain,
+        )
+    shape = "x".join(map(str, devices.shape))
+    text_rows = ["  ".join(f"{d.id:>2}" for d in row) for row in grid]
+    heading = f"{title + ': ' if title else ''}{shape} mesh {names}, device ids:"
+    return Diagram(graph, "\n".join([heading, *text_rows]))
+
+
+def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
+    """Nodes around a circle, joined in the given order: a ring of devices as data travels it.
+
+    ``labels`` are in ring order; ``groups`` (same length) colours nodes that share a chip.
+    """
+    labels = _labels(labels)
+    n = len(labels)
+    title = _title(title)
+    if groups is not None and (
+        not isinstance(groups, (list, tuple, np.ndarray)) or len(groups) != n
+    ):
+        raise DisplayError(
+            f"groups must be a list with one entry per label ({n}), not "
+            f"{validate.describe(groups)}."
+        )
+    groups = list(range(n)) if groups is None else [_group_key(g) for g in groups]
+    colours = {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(dict.fromkeys(groups))}
+    radius = 40 + 22 * n
+    graph = _digraph("ring", "neato", title, style="rounded,filled")
+    for k, (label, group) in enumerate(zip(labels, groups)):
+        angle = math.pi / 2 - 2 * math.pi * k / n
+        x, y = radius * math.cos(angle), radius * math.sin(angle)
+        graph.node(f"n{k}", _label(label), fillcolor=colours[group], pos=f"{x:.0f},{y:.0f}")
+    for k in range(n):
+        graph.edge(f"n{k}", f"n{(k + 1) % n}")
+    text = (f"{title}: " if title else "") + " -> ".join(labels) + f" -> {labels[0]}"
+    return Diagram(graph, text)
+
+
+def _labels(labels) -> list[str]:
+    """Node labels: a non-empty list or tuple of short texts or numbers."""
+    if isinstance(labels, np.ndarray):
+        labels = labels.tolist()
+    if not isinstance(labels, (list, tuple)) or not labels:
+        raise DisplayError(
+            f"labels must be a non-empty list of texts or numbers, not {validate.describe(labels)}."
+        )
+    if len(labels) > MAX_BLOCKS:
+        raise DisplayError(f"There are {len(labels)} labels; a diagram shows at most {MAX_BLOCKS}.")
+    out = []
+    for label in labels:
+        if isinstance(label, (str, int, float, np.integer, np.floating)) and not isinstance(
+            label, bool
+        ):
+            shown = label if isinstance(label, str) else validate.describe(label)
+            out.append(shown[:60])
+        else:
+            raise DisplayError(
+                f"Each label must be a text or a number, not {validate.describe(label)}."
+            )
+    return out
+
+
+def _group_key(group):
+    try:
+        hash(group)
+    except TypeError:
+        raise DisplayError(
+            f"Each group must be a number or a text naming it, not {validate.describe(group)}."
+        ) from None
+    return group
+
+
+# Collectives: what each device holds before and after, and where every value went --------------
+
+_EDGE_COLOURS = (
+    "#3c78d8",
+    "#e69138",
+    "#6aa84f",
+    "#cc0000",
+    "#674ea7",
+    "#bf9000",
+    "#45818e",
+    "#a64d79",
+)
+_REDUCTIONS = {"sum": ("Σ", np.sum), "mean": ("mean", np.mean)}
+
+
+def _inline_text(values: np.ndarray, max_rows: int = 4) -> str:
+    """A block in a few short lines, for diagram nodes."""
+    values = np.asarray(values)
+    if values.ndim == 0:
+        return _fmt(values[()])
+    rows = values.reshape(-1, values.shape[-1]) if values.ndim > 1 else values[None]
+    lines = []
+    for row in rows[:max_rows]:
+        cells = [_fmt(v) for v in row[:MAX_COLS]] + (["…"] if row.size > MAX_COLS else [])
+        lines.append("[" + " ".join(cells) + "]")
+    if rows.shape[0] > max_rows:
+        lines.append(f"⋮ {'×'.join(map(str, values.shape))}")
+    return "\n".join(lines)
+
+
+def before_after_table(
+    before, after, *, title: str | None = None, headers: tuple[str, str] = ("before", "after")
+) -> Rendered:
+    """One row per device: the block it held before a collective and the block it holds after.
+
+    ``before`` and ``after`` are ``jax.Array``s (read with ``shards.device_blocks``) or
+    per-device lists, in the same device order. Each device keeps its colour in both columns.
+    """
+    before, after = shards.blocks(before), shards.blocks(after)
+    title = _title(title)
+    if (
+        not isinstance(headers, (tuple, list))
+        or len(headers) != 2
+        or not all(isinstance(h, str) for h in headers)
+    ):
+        raise DisplayError(
+            f"headers must be two texts, such as ('before', 'after'), not "
+            f"{validate.describe(headers)}."
+        )
+    if len(before) != len(after):
+        raise DisplayError(
+            f"{len(before)} blocks before but {len(after)} after; pass one per device."
+        )
+    rows = [[f"<b>{html.escape(h)}</b>" for h in ("device",) + tuple(headers)]]
+    lines = []
+    for k, ((label, b), (_, a)) in enumerate(zip(before, after)):
+        rows.append(
+            [
+                _box(f"<b>{html.escape(label)}</b>", k),
+                _box(_block_html(b), k),
+                _box(_block_html(a)),
+            ]
+        )
+        lines.append(f"{label}: {_inline_text(b)} -> {_inline_text(a)}".replace("\n", " "))
+    b0, a0 = before[0][1], after[0][1]
+    summary = (
+        f"each device: {headers[0]} {tuple(b0.shape)} {b0.dtype}, "
+        f"{headers[1]} {tuple(a0.shape)} {a0.dtype}"
+    )
+    heading = f"<div><b>{html.escape(title)}</b></div>" if title else ""
+    body = (
+        f"<div class='bk-viz'>{heading}{_grid(rows)}"
+        f"<div class='bk-sum'>{html.escape(summary)}</div></div>"
+    )
+    return Rendered(body, "\n".join(([title] if title else []) + lines + [summary]))
+
+
+def _reduced_parts(before, after, reduce, groups):
+    """For each device, the group it reduces with and what it keeps of the group's result."""
+    symbol, fn = _REDUCTIONS[reduce]
+    parts = {}
+    for g, members in enumerate(groups):
+        total = fn(np.stack([before[k][1] for k in members]), axis=0)
+        for rank, d in enumerate(members):
+            a = after[d][1]
+            if a.shape == total.shape and np.allclose(a, total):
+                parts[d] = (g, total, "all")
+                continue
+            for dim in range(total.ndim):
+                if total.shape[dim] % len(members):
+                    continue
+                piece = np.split(total, len(members), axis=dim)[rank]
+                if piece.size == a.size and np.allclose(piece.reshape(a.shape), a):
+                    parts[d] = (g, total, f"part {rank} of dim {dim}")
+                    break
+            else:
+                raise DisplayError(
+                    f"{after[d][0]} holds {_inline_text(a)!r}, which is neither the {reduce} of "
+                    "its group's inputs nor an even part of it."
+                )
+    return symbol, parts
+
+
+def _positions(groups, n) -> list[list[int]]:
+    """Groups of device positions that together cover each of the ``n`` positions once."""
+    message = (
+        f"groups must be lists of device positions 0 to {n - 1}, each position in one group, "
+        f"such as [[0, 1], [2, 3]], not {validate.describe(groups)}."
+    )
+    if not isinstance(groups, (list, tuple)) or not groups:
+        raise DisplayError(message)
+    out = []
+    for group in groups:
+        if not isinstance(group, (list, tuple)) or not group:
+            raise DisplayError(message)
+        out.append(
+            [validate.whole(p, "A position", low=0, high=n - 1, error=DisplayError) for p in group]
+        )
+    if sorted(p for g in out for p in g) != list(range(n)):
+        raise DisplayError(message)
+    return out
+
+
+def collective_diagram(
+    before,
+    after,
+    *,
+    reduce: str | None = None,
+    groups=None,
+    title: str | None = None,
+    label_edges: bool | None = None,
+) -> Diagram:
+    """Where the data of a collective went: inputs on the left, outputs on the right.
+
+    Without ``reduce`` every output value is traced back to the input that held it (see
+    ``shards.trace_moves``), and each arrow carries the values it moved, coloured by the
+    sender. With ``reduce="sum"`` or ``"mean"`` the inputs meet in one node per group
+    (``groups``: lists of device positions reduced together; default all) and each arrow out
+    says what its device kept, checked against the actual values.
+    """
+    before, after = shards.blocks(before), shards.blocks(after)
+    n = len(before)
+    if len(after) != n:
+        raise DisplayError(f"{n} blocks before but {len(after)} after; pass one per device.")
+    title = _title(title)
+    if label_edges is not None:
+        label_edges = validate.flag(label_edges, "label_edges", error=DisplayError)
+    groups = [list(range(n))] if groups is None else _positions(groups, n)
+    if reduce is not None:
+        reduce = validate.choice(reduce, list(_REDUCTIONS), "a reduction", error=DisplayError)
+        symbol, parts = _reduced_parts(before, after, reduce, groups)
+    labels_b = [label + "\n" + _inline_text(v) for label, v in before]
+    labels_a = [label + "\n" + _inline_text(v) for label, v in after]
+    if reduce is not None:
+        labels_a = [
+            t + ("" if parts[d][2] == "all" else f"\n({parts[d][2]})")
+            for d, t in enumerate(labels_a)
+        ]
+        hubs = [symbol + "\n" + _inline_text(parts[g[0]][1]) for g in groups]
+    else:
+        hubs = []
+
+    def wide(texts):
+        return max((len(line) for t in texts for line in t.splitlines()), default=0) * 6.2 + 16
+
+    rows = max(len(t.splitlines()) for t in labels_b + labels_a + hubs)
+    step_y = max(48, 13 * rows + 22)
+    wb, wa = wide(labels_b), wide(labels_a)
+    if reduce is not None:
+        x_hub = wb / 2 + 70 + wide(hubs) / 2
+        x_after = x_hub + wide(hubs) / 2 + 70 + wa / 2
+    else:
+        x_after = wb / 2 + 200 + wa / 2
+    graph = _digraph("collective", "neato", title, style="rounded,filled", fontsize="10")
+    graph.attr("edge", fontsize="9", arrowsize="0.6")
+    for k, text in enumerate(labels_b):
+        fill = PALETTE[k % len(PALETTE)]
+        graph.node(f"b{k}", _label(text), fillcolor=fill, pos=f"0,{-k * step_y}")
+    for k, text in enumerate(labels_a):
+        graph.node(f"a{k}", _label(text), fillcolor="white", pos=f"{x_after:.0f},{-k * step_y}")
+    for name, x in (("before", 0), ("after", x_after)):
+        graph.node(
+            f"h_{name}",
+            name,
+            shape="plaintext",
+            style="",
+            fontsize="12",
+            pos=f"{x:.0f},{step_y * 0.8:.0f}",
+        )
+    text = [title] if title else []
+    if reduce is None:
+        moves, zeros = shards.trace_moves(before, after)
+        show = label_edges if label_edges is not None else len(moves) <= 2 * n
+        for (s, d), values in sorted(moves.items()):
+            colour = _EDGE_COLOURS[s % len(_EDGE_COLOURS)]
+            moved = " ".join(_fmt(v) for v in values[:6]) + (" …" if len(values) > 6 else "")
+            label = {"label": moved} if show else {}
+            graph.edge(f"b{s}", f"a{d}", color=colour, fontcolor=colour, **label)
+            text.append(f"{before[s][0]} -> {after[d][0]}: {moved}")
+        for d in sorted(zeros):
+            text.append(f"{after[d][0]}: zeros, nobody sent to it")
+    else:
+        for g, members in enumerate(groups):
+            centre = -sum(members) * step_y / len(members)
+            graph.node(
+                f"r{g}", _label(hubs[g]), fillcolor="#eeeeee", pos=f"{x_hub:.0f},{centre:.0f}"
+            )
+            for s in members:
+                graph.edge(f"b{s}", f"r{g}", color=_EDGE_COLOURS[s % len(_EDGE_COLOURS)])
+            names = ", ".join(before[s][0] for s in members)
+            text.append(f"{symbol} of {names} = " + hubs[g].split("\n", 1)[1].replace("\n", " "))
+        for d in range(n):
+            graph.edge(f"r{parts[d][0]}", f"a{d}")
+            text.append(f"{after[d][0]} keeps {parts[d][2]}: {_inline_text(after[d][1])}")
+    return Diagram(graph, "\n".join(text))

@@ -1,0 +1,166 @@
+"""Tables, pictures and diagrams: real values, one stylesheet, text where Graphviz is missing."""
+
+import shutil
+
+import graphviz
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from book import display, shards
+
+
+def mesh(shape, names):
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Explicit,) * len(shape))
+
+
+def put(values, m, spec):
+    return jax.device_put(values, NamedSharding(m, spec))
+
+
+def test_summary_of_a_2d_sharding():
+    x = put(
+        np.arange(32, dtype=np.float32).reshape(8, 4),
+        mesh((2, 4), ("data", "model")),
+        P("data", None),
+    )
+    s = shards.summarize(x)
+    assert s.shard_shape == (4, 4)
+    assert s.bytes_per_device == 4 * 4 * 4 and s.total_bytes == 32 * 4
+    assert (s.devices, s.distinct_shards, s.replication) == (8, 2, 4)
+
+
+def test_fully_replicated_and_fully_sharded():
+    m = mesh((2, 4), ("data", "model"))
+    assert shards.summarize(put(np.zeros((8, 4)), m, P())).replication == 8
+    assert shards.summarize(put(np.zeros((8, 4)), m, P("data", "model"))).replication == 1
+
+
+def test_table_shows_each_device_its_own_values():
+    m = mesh((2, 4), ("data", "model"))
+    x = put(np.arange(32).reshape(4, 8), m, P("data", "model"))
+    table = display.shard_table(x)
+    # device 5 sits at data=1, model=1: rows 2:4, columns 2:4
+    assert "device 5 x[2:4, 2:4]:\n[[18 19]\n [26 27]]" in repr(table)
+    assert "<b>device 5</b>" in table._repr_html_()
+    assert "16 of 128 bytes per device" in repr(table)
+
+
+def test_three_dimensional_arrays():
+    m = mesh((2, 2, 2), ("a", "b", "c"))
+    x = put(np.arange(64).reshape(4, 4, 4), m, P("a", None, "c"))
+    table = display.shard_table(x)
+    assert "[1, :, :]" in table.html  # a rank-3 shard shown as its 2D slices
+    assert "each shard held by 2 devices" in table.text
+    for shard in x.addressable_shards:
+        assert f"device {shard.device.id} x[" in table.text
+
+
+def test_hiding_device_ids():
+    x = put(np.arange(8), mesh((8,), ("data",)), P("data"))
+    assert "device 3" not in display.shard_table(x, show_ids=False).text
+
+
+def test_the_table_names_the_array():
+    x = put(np.arange(8), mesh((8,), ("data",)), P("data"))
+    table = display.shard_table(x, name="w1")
+    assert "device 3 w1[3:4]:" in table.text
+    assert "<span class='bk-idx'>w1[3:4]</span>" in table.html
+    assert " x[" not in table.text
+
+
+def test_large_shards_are_trimmed():
+    x = put(np.arange(64 * 64).reshape(64, 64), mesh((2, 4), ("data", "model")), P())
+    assert "…" in display.shard_table(x).html
+
+
+def test_mesh_diagram_shows_device_order():
+    m = jax.sharding.Mesh(np.array(jax.devices())[[0, 1, 2, 3, 6, 7, 4, 5]], ("ring",))
+    d = display.mesh_diagram(m)
+    assert "0   1   2   3   6   7   4   5" in repr(d)
+    assert 'pos="360,0"' in d.source  # device 6 is fifth along the axis
+
+
+@pytest.mark.skipif(not shutil.which("neato"), reason="Graphviz's neato is not installed")
+def test_diagrams_render_to_svg():
+    m = mesh((2, 4), ("data", "model"))
+    bundle = display.mesh_diagram(m)._repr_mimebundle_()
+    assert bundle["image/svg+xml"].lstrip().startswith("<?xml")
+    assert "<svg" in display.ring_diagram(["a", "b", "c"]).svg
+
+
+def test_diagrams_fall_back_to_text_without_graphviz(monkeypatch):
+    def missing(*args, **kwargs):
+        raise graphviz.ExecutableNotFound(["neato"])
+
+    monkeypatch.setattr(graphviz.Digraph, "pipe", missing)
+    ring = display.ring_diagram([0, 1, 2, 3, 6, 7, 4, 5], title="TPU v3-8")
+    assert ring.svg is None
+    assert repr(ring) == "TPU v3-8: 0 -> 1 -> 2 -> 3 -> 6 -> 7 -> 4 -> 5 -> 0"
+    shown = ring._repr_mimebundle_()
+    assert list(shown) == ["text/plain"]
+    assert shown["text/plain"].endswith(display.NEEDS_DOT)
+    mesh_text = display.mesh_diagram(mesh((2, 4), ("data", "model")))._repr_mimebundle_()
+    assert "('data', 'model')" in mesh_text["text/plain"]  # the axis names survive
+
+
+def test_one_stylesheet_shipped_in_the_package_and_linked_from_static():
+    from importlib.resources import files
+
+    from nbconventions import ROOT
+
+    assert (ROOT / "_static" / "book.css").resolve() == (ROOT / "book" / "book.css").resolve()
+    assert files("book").joinpath("book.css").read_text(encoding="utf-8") == display.STYLESHEET
+    assert len(display.PALETTE) == 16
+
+
+def test_each_output_embeds_the_stylesheet_once():
+    x = put(np.arange(8), mesh((8,), ("data",)), P("data"))
+    outputs = [
+        display.shard_table(x)._repr_html_(),
+        display.table(["a"], [[1]])._repr_html_(),
+        display.before_after_table(x, x)._repr_html_(),
+    ]
+    for shown in outputs:
+        assert shown.count("<style>") == 1 and shown.startswith(f"<style>{display.STYLESHEET}")
+        assert " style=" not in shown  # colours and layout come from the stylesheet
+
+
+def test_table_text_is_laid_out_by_tabulate_and_html_escaped():
+    rendered = display.table(["name", "bytes"], [["<a>", 1024], ["b", 8]], title="t", note="n")
+    assert "&lt;a&gt;" in rendered.html and "1,024" in rendered.html
+    assert repr(rendered).splitlines() == [
+        "t",
+        "name      bytes",
+        "------  -------",
+        "<a>       1,024",
+        "b             8",
+        "n",
+    ]
+    assert rendered.html.endswith("<p class='bk-note'>n</p>")
+
+
+def test_wrong_kinds_of_things_get_one_sentence():
+    from book.errors import ReaderError
+
+    m = mesh((2, 4), ("data", "model"))
+    cases = [
+        (
+            lambda: display.shard_table(np.zeros(8)),
+            "must be a jax.Array, placed with jax.device_put",
+        ),
+        (lambda: shards.summarize([1, 2]), "must be a jax.Array"),
+        (lambda: display.shard_table(put(np.zeros(8), m, P()), show_ids="no"), "True or False"),
+        (lambda: display.mesh_diagram("2x4"), "jax.sharding.Mesh"),
+        (lambda: display.ring_diagram([]), "non-empty list"),
+        (lambda: display.ring_diagram(["a", "b"], groups=[0]), "one entry per label"),
+        (lambda: display.before_after_table([np.arange(2)], [np.arange(2)] * 2), "one per device"),
+        (lambda: display.collective_diagram([np.arange(2)], [np.arange(2)], reduce="max"), "sum"),
+        (lambda: shards.trace_moves("ab", "ab"), "Pass a jax.Array"),
+    ]
+    for call, words in cases:
+        with pytest.raises(ReaderError, match=words) as caught:
+            call()
+        assert "\n" not in str(caught.value)
