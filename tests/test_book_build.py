@@ -104,21 +104,21 @@ COLLECTIVE_TITLES = [
     "all_to_all: rows in, columns out",
 ]
 
-# Shard tables (bk-dev, one per device) and the compiler's collectives (bk-hlo).
+# Shard tables (bk-dev, one per device) and tables of facts such as collectives (bk-table).
 TABLES = {
-    "02_sharded_arrays": [("class='bk-dev'", 8 * 5)],
+    "02_sharded_arrays": [("class='bk-dev", 8 * 5)],
     "03_automatic_parallelism": [
-        ("<table class='bk-hlo'>", 4),  # collectives and the nine layouts
+        ("<table class='bk-table'>", 4),  # collectives and the nine layouts
         "<td>collective-permute</td>",
         "<td>all-to-all</td>",
         "<td>reduce-scatter</td>",
     ],
-    "04_explicit_sharding": ["class='bk-hlo'", "<th>bytes sent (ring)</th>"],
+    "04_explicit_sharding": ["class='bk-table'", "<th>bytes sent (ring)</th>"],
     "05_shard_map_and_collectives": [
-        ("class='bk-dev'", 3 * 8 * len(COLLECTIVE_TITLES)),  # before and after on 8 devices
+        ("class='bk-dev", 3 * 8 * len(COLLECTIVE_TITLES)),  # before and after on 8 devices
         *(f"<b>{title}</b>" for title in COLLECTIVE_TITLES),
     ],
-    "06_collective_matmul": [("<table class='bk-hlo'>", 6)],
+    "06_collective_matmul": [("<table class='bk-table'>", 6)],
 }
 
 
