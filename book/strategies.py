@@ -2,10 +2,10 @@
 
 Chapters 7 to 9 write data parallelism (DP), fully sharded data parallelism (FSDP), tensor
 parallelism (TP, the column-then-row layout) and their 2D combination (DP x TP) out in their
-cells, because there they are the lesson. The strategy form needs the same four steps for any
-mesh without a notebook, so this module holds them, and chapter 9 checks that they compile to
-the same communication as the chapter's own. Each is one SGD step of ``book.models`` written
-with ``jax.shard_map``; ``analyze`` compiles one and reads its collectives and memory.
+cells, because there they are the lesson, and export those cells to ``book.lessons``. This
+module takes the four steps from there, so the form runs the chapters' own code for any mesh
+without a notebook. Each is one SGD step of ``book.models`` written with ``jax.shard_map``;
+``analyze`` compiles one and reads its collectives and memory.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from book import cost, hlo, models, validate
+from book.lessons import data_parallel, fsdp, tensor_parallel
 
 STRATEGIES = ("DP", "FSDP", "TP", "DP x TP")
 # The mesh axes each strategy uses, in mesh order.
 AXES = {"DP": ("data",), "FSDP": ("data",), "TP": ("model",), "DP x TP": ("data", "model")}
-_MEGATRON = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None), "b2": P()}
+_MEGATRON = tensor_parallel.megatron
 PARAM_SPECS = {
     "DP": {name: P() for name in _MEGATRON},
     "FSDP": {name: P("data") for name in _MEGATRON},
@@ -31,46 +32,14 @@ PARAM_SPECS = {
     "DP x TP": _MEGATRON,
 }
 BATCH_SPECS = {"DP": P("data"), "FSDP": P("data"), "TP": P(), "DP x TP": P("data")}
-LEARNING_RATE = 0.1
-
-
-def _dp_step(params, x, y):
-    params_here = jax.lax.pcast(params, "data", to="varying")
-    loss, grads = jax.value_and_grad(models.loss)(params_here, x, y)
-    loss, grads = jax.lax.pmean(loss, "data"), jax.lax.pmean(grads, "data")
-    return models.sgd(params, grads, LEARNING_RATE), loss
-
-
-def _fsdp_step(shards, x, y):
-    def loss_fn(shards):
-        whole = {k: jax.lax.all_gather(s, "data", axis=0, tiled=True) for k, s in shards.items()}
-        return models.loss(whole, x, y)
-
-    loss, grads = jax.value_and_grad(loss_fn)(shards)
-    grads = jax.tree.map(lambda g: g / jax.lax.axis_size("data"), grads)
-    return models.sgd(shards, grads, LEARNING_RATE), jax.lax.pmean(loss, "data")
-
-
-def _megatron_loss(params, x, y):
-    """Column-parallel w1, row-parallel w2: one psum of the logits over ``model``."""
-    h = jax.nn.relu(x @ params["w1"] + params["b1"])
-    logits = jax.lax.psum(h @ params["w2"], "model") + params["b2"]
-    return models.cross_entropy(logits, y)
-
-
-def _tp_step(params, x, y):
-    loss, grads = jax.value_and_grad(_megatron_loss)(params, x, y)
-    return models.sgd(params, grads, LEARNING_RATE), loss
-
-
-def _dp_tp_step(params, x, y):
-    params_here = jax.lax.pcast(params, "data", to="varying")
-    loss, grads = jax.value_and_grad(_megatron_loss)(params_here, x, y)
-    loss, grads = jax.lax.pmean(loss, "data"), jax.lax.pmean(grads, "data")
-    return models.sgd(params, grads, LEARNING_RATE), loss
-
-
-_BODIES = {"DP": _dp_step, "FSDP": _fsdp_step, "TP": _tp_step, "DP x TP": _dp_tp_step}
+SIZES = data_parallel.sizes  # the chapters' problem, the form's default
+LEARNING_RATE = data_parallel.LEARNING_RATE
+_BODIES = {
+    "DP": data_parallel.dp_train_step,
+    "FSDP": fsdp.fsdp_train_step,
+    "TP": tensor_parallel.tp_step,
+    "DP x TP": tensor_parallel.dp_tp_step,
+}
 
 
 def mesh(strategy: str, mesh_shape: tuple[int, ...]):
@@ -157,8 +126,8 @@ def analyze(strategy: str, mesh_shape: tuple[int, ...], sizes: models.Sizes) -> 
             "sizes must be a book.models.Sizes(batch, features, hidden, classes), not "
             f"{validate.describe(sizes)}."
         )
-    choice = forms.check_strategy(strategy, "x".join(map(str, shape)), *sizes)
-    return _analyze(choice.strategy, choice.mesh_shape, choice.sizes)
+    shape, sizes = forms.check_strategy(strategy, "x".join(map(str, shape)), *sizes)
+    return _analyze(strategy, shape, sizes)
 
 
 @functools.lru_cache(maxsize=64)

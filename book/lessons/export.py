@@ -15,6 +15,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LESSONS = {  # chapter notebook (without .ipynb) -> module under book/lessons/
+    "05_shard_map_and_collectives": "collectives",
+    "07_data_parallelism": "data_parallel",
+    "08_fsdp": "fsdp",
+    "09_tensor_parallelism": "tensor_parallel",
     "13_transformer_3d": "transformer",
 }
 TAG = "export"
