@@ -226,13 +226,17 @@ class Batch:
         return values[(slice(None), *index[1:])]
 
 
+class ScatteredRows(ReaderError):
+    """This process's devices hold separate blocks of a batch's rows, which no one slice names."""
+
+
 def process_slice(sharding, shape) -> slice:
     """The rows of a global batch that this process's devices hold, as one slice.
 
     With the usual meshes (a process's devices next to each other along the batch axis) they
     form one block. When they are several separate blocks, one slice cannot name them, so this
     refuses; ``jax.make_array_from_process_local_data`` itself takes such blocks concatenated
-    in global order.
+    in global order (``ScatteredRows``).
     """
     shape = validate.sizes(shape, "The batch shape")
     if not shape:
@@ -246,7 +250,7 @@ def process_slice(sharding, shape) -> slice:
     spans = sorted({index[0].indices(n)[:2] if index else (0, n) for index in index_map.values()})
     for (_, stop), (start, _) in zip(spans, spans[1:]):
         if stop != start:
-            raise ReaderError(
+            raise ScatteredRows(
                 "This process's devices hold rows of the batch that are not next to each "
                 "other, so no one slice names them; pass their blocks concatenated in order to "
                 "jax.make_array_from_process_local_data, or build the batch with "

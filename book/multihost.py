@@ -41,146 +41,36 @@ _SCAN_SECONDS = 0.25  # how often the workers' descendants are looked up while t
 _FOLDER_PREFIX = "book-multihost-"
 _PORT_CLASH = re.compile(r"Address already in use|EADDRINUSE|Failed to add port", re.IGNORECASE)
 
-# Every worker starts through this shim, which then runs the script as ``__main__``.
-#
-# On Linux the worker becomes a "child subreaper": a process it starts, and anything that one
-# starts, stays below the worker even when its own parent exits or it moves to a session of its
-# own, so the worker (and the launcher, looking at the worker's descendants) can always find and
-# end them. The shim ends them itself when the script finishes, however it finishes.
-#
-# The kernel tells the worker when the launching process dies (PR_SET_PDEATHSIG, here SIGHUP),
-# even a kernel killed outright where no Python cleanup runs. The signal's number reaches a pipe
-# (signal.set_wakeup_fd) that a watcher thread reads, so the worker acts on it even while its
-# main thread waits in native code: it ends its descendants, removes the launch's folder and
-# exits. The watcher also checks every half second that the launcher is still its parent.
-#
-# A worker that raises exits at once: a normal exit would first wait in jax.distributed's
-# shutdown barrier for peers that are themselves waiting for it. Native code writes to stdout
-# too: Gloo announces every connection it makes there, from several threads at once, their words
-# interleaved mid-line. So the shim points file descriptor 1, where native code writes, at a log
-# of its own, and gives Python's sys.stdout the worker's output file.
-_SHIM = """\
-import io, os, runpy, select, shutil, signal, sys, threading, traceback
-parent, folder, native, script, *args = sys.argv[1:]
-parent = int(parent)
-
-
-def _descendants(root):
-    children = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as f:
-                fields = f.read().decode("ascii", "replace").rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _end_descendants():
-    for _ in range(5):
-        pids = _descendants(os.getpid())
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-def _launcher_gone():
-    _end_descendants()
-    shutil.rmtree(folder, ignore_errors=True)
-    os._exit(1)
-
-
-def _watch(wake):
-    while True:
-        ready, _, _ = select.select([wake], [], [], 0.5)
-        if os.getppid() != parent:
-            _launcher_gone()
-        if ready and signal.SIGHUP in os.read(wake, 64):
-            if os.getppid() != parent:
-                _launcher_gone()
-            _end_descendants()
-            os._exit(1)
-
-
-signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-wake, wake_w = os.pipe()
-os.set_blocking(wake_w, False)
-signal.signal(signal.SIGHUP, lambda *_: None)
-signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-threading.Thread(target=_watch, args=(wake,), daemon=True).start()
-if sys.platform.startswith("linux"):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    libc.prctl(1, signal.SIGHUP)  # PR_SET_PDEATHSIG
-if os.getppid() != parent:
-    sys.exit("launch: the launching process is gone")
-python_out = os.dup(1)
-log = os.open(native, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-os.dup2(log, 1)
-os.close(log)
-sys.stdout = io.TextIOWrapper(
-    open(python_out, "wb", buffering=0),
-    encoding="utf-8",
-    errors="backslashreplace",
-    write_through=True,
-)
-sys.argv = [script, *args]
-sys.path[0] = os.path.dirname(script)
-try:
-    runpy.run_path(script, run_name="__main__")
-except SystemExit as stop:
-    if stop.code in (None, 0):
-        code = 0
-    else:
-        if not isinstance(stop.code, int):
-            print(stop.code, file=sys.stderr)
-        code = stop.code if isinstance(stop.code, int) else 1
-except BaseException as error:
-    tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != script:
-        tb = tb.tb_next
-    traceback.print_exception(type(error), error, tb or error.__traceback__)
-    code = 1
-else:
-    code = 0
-_end_descendants()
-sys.stdout.flush()
-sys.stderr.flush()
-if code:
-    os._exit(code)
-"""
-
 EnvChoice = Mapping[str, "str | None"] | Callable[[int], Mapping[str, "str | None"]] | None
 
 
 class WorkerError(ReaderError, RuntimeError):
     """A worker process failed or outlived the timeout; the message ends with its log's tail.
 
-    ``process`` is the index of the worker named in the message, ``outputs`` what every worker
-    had printed to stdout when all were stopped.
+    The fields say what happened, for code that acts on it: ``process`` is the index of the
+    worker named in the message; ``exit_code`` its exit status (negative: the signal that ended
+    it), or None when it was still running and was stopped; ``raised`` the qualified name of the
+    exception that ended its script, such as ``"builtins.NameError"``, or None; ``timed_out``
+    whether the launch ran past its timeout; ``outputs`` what every worker had printed to stdout
+    when all were stopped.
     """
 
-    def __init__(self, message: str, process: int, outputs: Outputs):
+    def __init__(
+        self,
+        message: str,
+        process: int,
+        outputs: Outputs,
+        *,
+        exit_code: int | None = None,
+        raised: str | None = None,
+        timed_out: bool = False,
+    ):
         super().__init__(message)
         self.process = process
         self.outputs = outputs
+        self.exit_code = exit_code
+        self.raised = raised
+        self.timed_out = timed_out
 
 
 class Outputs(list):
@@ -376,10 +266,10 @@ def _check_env(env, n: int) -> list[dict[str, str | None]]:
     return extras
 
 
-def _command(path: Path, args: Sequence[str], folder: Path, native: Path) -> list[str]:
-    """The worker's command line: the shim, then the script; ``native`` logs native stdout."""
-    shim = [sys.executable, "-c", _SHIM, str(os.getpid()), str(folder), str(native)]
-    return [*shim, str(path), *args]
+def _command(path: Path, args: Sequence[str], folder: Path, i: int) -> list[str]:
+    """Worker ``i``'s command line: ``book._launch_shim``, then the script and its arguments."""
+    shim = [sys.executable, "-m", "book._launch_shim", str(os.getpid()), str(folder)]
+    return [*shim, str(folder / f"{i}.native"), str(folder / f"{i}.raised"), str(path), *args]
 
 
 # The process tree below the workers, read from /proc on Linux. Elsewhere only process groups
@@ -618,6 +508,7 @@ def launch(
                     "all were stopped; pass a larger timeout or start fewer processes.",
                     i,
                     _outputs(folder, num_processes, path),
+                    timed_out=True,
                 )
             penv = worker_env(i, num_processes, devices_per_process, coordinator)
             for key, value in extras[i].items():
@@ -632,7 +523,7 @@ def launch(
             ):
                 procs.append(
                     subprocess.Popen(
-                        _command(path, args, folder, folder / f"{i}.native"),
+                        _command(path, args, folder, i),
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,
@@ -684,6 +575,8 @@ def _wait(
                     f"stopped; {fix}.",
                     clash[0],
                     _outputs(folder, n, path),
+                    exit_code=codes[clash[0]],
+                    raised=_raised(folder, clash[0]),
                 )
             also = ""
             if len(failed) > 1:
@@ -695,6 +588,8 @@ def _wait(
                 f"{tail(_log(folder, i))}",
                 i,
                 _outputs(folder, n, path),
+                exit_code=codes[i],
+                raised=_raised(folder, i),
             )
         if all(code == 0 for code in codes):
             return
@@ -710,6 +605,7 @@ def _wait(
                 f"process {i}, or pass a larger timeout:\n{tail(_log(folder, i))}",
                 i,
                 _outputs(folder, n, path),
+                timed_out=True,
             )
         if now >= next_scan:
             next_scan = now + _SCAN_SECONDS
@@ -725,6 +621,14 @@ def _wait(
                         _outputs(folder, n, path),
                     )
         time.sleep(_POLL_SECONDS)
+
+
+def _raised(folder: Path, i: int) -> str | None:
+    """The qualified name of the exception that ended worker ``i``'s script, if one did."""
+    try:
+        return (folder / f"{i}.raised").read_text(encoding="utf-8") or None
+    except OSError:
+        return None
 
 
 def _size(path: Path) -> int:

@@ -109,23 +109,30 @@ def _in_processes(text, name, what, driver, args=()) -> list[dict]:
     return results
 
 
+def _qualified(kind: type) -> str:
+    """How ``WorkerError.raised`` names an exception type."""
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _worker_failure(err, name) -> str:
-    text = str(err)
-    if "still ran after" in text:
+    """One sentence for a failed launch, chosen by the error's fields, not its wording."""
+    import book.data
+
+    if err.timed_out:
         return (
             f"{name} still ran after 30 s in process {err.process}: one process probably "
             "waits in a collective that another never joins; every process must make the "
             "same JAX calls."
         )
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    last = lines[-1][:200] if lines else "an error"
-    if "not next to each other" in last:
+    if err.raised == _qualified(book.data.ScatteredRows):
         return (
             "book.data.process_slice refuses this layout: each process's devices hold two "
             "separate blocks of rows, which one slice cannot name; let each device read its "
             "own piece, or read both blocks and pass them concatenated in order."
         )
-    if last.startswith("NameError"):
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    last = lines[-1][:200] if lines else "an error"  # the log's last line, shown as it is
+    if err.raised == _qualified(NameError):
         return f"In process {err.process}, {name} raised {last}: {_IN_WORKER}."
     return f"In process {err.process}, {name} raised {last}; fix that and check again."
 
@@ -508,17 +515,19 @@ def ch12_timer(seconds_per_call):
 def ch12_dp_tp_bytes(sent_per_device):
     """Exercise 12.3: bytes each device sends in a DP x TP step on 2x4 with a batch of 512."""
     from book import cost, models, strategies
+    from book.lessons.data_parallel import sizes as chapter_sizes
 
     answered(sent_per_device, "set sent_per_device to a number of bytes")
     need(
         isinstance(sent_per_device, (int, float, np.number)),
         f"sent_per_device is a {type(sent_per_device).__name__}; give a number of bytes.",
     )
-    sizes = models.Sizes(batch=512, features=64, hidden=256, classes=16)
+    sizes = chapter_sizes._replace(batch=512)
     real = strategies.analyze("DP x TP", (2, 4), sizes).sent_bytes
+    split = models.param_count(sizes) - sizes.classes  # all but b2, which TP keeps whole
 
     def shard(m):  # numbers of the parameters one device holds when TP splits over m
-        return (64 * 256 + 256 + 256 * 16) // m + 16
+        return split // m + sizes.classes
 
     logits = 512 // 2 * 16 * 4
     wrong = {
