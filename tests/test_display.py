@@ -164,3 +164,20 @@ def test_wrong_kinds_of_things_get_one_sentence():
         with pytest.raises(ReaderError, match=words) as caught:
             call()
         assert "\n" not in str(caught.value)
+
+
+def test_analysis_modules_import_nothing_of_the_display():
+    """Analysis returns data; only display and the forms above it render."""
+    import ast
+
+    from nbconventions import ROOT
+
+    for name in ("errors", "validate", "specs", "hlo", "shards"):
+        tree = ast.parse((ROOT / "book" / f"{name}.py").read_text())
+        imported = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not {"display", "forms", "book.display", "book.forms"} & imported, name
