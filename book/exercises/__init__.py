@@ -43,6 +43,7 @@ from book.exercises.manual import (
     ch06_both_ways,
     ch06_ring_right,
 )
+from book.exercises.pipeline import ch14_in_flight, ch14_microbatches, ch14_stage_work
 from book.exercises.state import ch16_masked_mean_grads, ch16_restore_on
 from book.exercises.training import (
     ch07_masked_mean,
@@ -88,6 +89,9 @@ __all__ = [
     "ch12_timer",
     "ch13_block_bytes",
     "ch13_fsdp_tp_rules",
+    "ch14_in_flight",
+    "ch14_microbatches",
+    "ch14_stage_work",
     "ch15_all_to_all_bytes",
     "ch15_capacity",
     "ch15_merge_normalized",

@@ -20,6 +20,7 @@ LESSONS = {  # chapter notebook (without .ipynb) -> module under book/lessons/
     "08_fsdp": "fsdp",
     "09_tensor_parallelism": "tensor_parallel",
     "13_transformer_3d": "transformer",
+    "14_pipeline_parallelism": "pipeline",
 }
 TAG = "export"
 
