@@ -126,8 +126,8 @@ def analyze(strategy: str, mesh_shape: tuple[int, ...], sizes: models.Sizes) -> 
             "sizes must be a book.models.Sizes(batch, features, hidden, classes), not "
             f"{validate.describe(sizes)}."
         )
-    shape, sizes = forms.check_strategy(strategy, "x".join(map(str, shape)), *sizes)
-    return _analyze(strategy, shape, sizes)
+    choice = forms.check_strategy(strategy, "x".join(map(str, shape)), *sizes)
+    return _analyze(choice.strategy, choice.mesh_shape, choice.sizes)
 
 
 @functools.lru_cache(maxsize=64)

@@ -374,8 +374,8 @@ def ch06_ring_right(ring_right_matmul):
         "blocks a device lacks.",
     )
     need(
-        all(r.shape == (k, B.shape[1]) for r in rows),
-        f"A collective-permute moves {list(rows[0].shape)}; each step should pass one block "
+        all(r.shapes == ((k, B.shape[1]),) for r in rows),
+        f"A collective-permute moves {list(rows[0].shapes[0])}; each step should pass one block "
         f"of B, {[k, B.shape[1]]}.",
     )
     if looped:
@@ -427,8 +427,8 @@ def ch06_both_ways(both_ways_matmul):
         "neighbours are linked, so pass blocks one hop per step, to_left or to_right.",
     )
     need(
-        all(r.shape == (k, B.shape[1]) for r in rows),
-        f"A collective-permute moves {list(rows[0].shape)}; this exercise sends whole blocks "
+        all(r.shapes == ((k, B.shape[1]),) for r in rows),
+        f"A collective-permute moves {list(rows[0].shapes[0])}; this exercise sends whole blocks "
         f"of B, {[k, B.shape[1]]}, both ways.",
     )
     lefts = sum(set(r.groups) == left for r in rows)
