@@ -78,6 +78,11 @@ RESULTS = {
         "communication-bound on every chip listed",
         "GB/s, set by",  # which kernel set the measured bandwidth
     ],
+    "14_pipeline_parallelism": [
+        "the pipeline on 8 stages equals one device",
+        "pipeline x data on the 2x4 mesh equals one device",
+        "the forward scan saves",
+    ],
     "15_experts_and_long_sequences": [
         "the MoE layer on 8 devices equals one device",
         "every order, and a random one, gives full causal attention back",
@@ -139,6 +144,7 @@ DIAGRAMS = {
     "01_devices_and_meshes": 3,  # the 2x4 and 2x2x2 meshes, the TPU v3-8 ring
     "03_automatic_parallelism": 1,  # the HLO graph
     "05_shard_map_and_collectives": 9,  # one per collective and option, and the 2D mesh
+    "14_pipeline_parallelism": 1,  # the ring of stages a microbatch goes round
     "15_experts_and_long_sequences": 1,  # the ring K/V blocks travel
 }
 
@@ -159,6 +165,7 @@ PLOTS = {
     "07_data_parallelism": 1,  # the loss curve
     "08_fsdp": 1,  # the memory per device
     "12_performance": 2,  # the roofline and the bytes-against-formulas chart
+    "14_pipeline_parallelism": 4,  # two schedules, the bubble against m, GPipe and 1F1B
     "15_experts_and_long_sequences": 2,  # drops per expert, and work per device on the ring
 }
 

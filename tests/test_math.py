@@ -39,6 +39,7 @@ WITH_MATH = (
     "06_collective_matmul",
     "09_tensor_parallelism",
     "12_performance",
+    "14_pipeline_parallelism",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")

@@ -1,0 +1,153 @@
+"""Chapter 14's checkers accept right answers and name the plausible wrong ones, in one sentence."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from book import exercises
+from book.exercises import pipeline as checks
+from book.lessons import pipeline
+
+
+def rejected(verdict, words):
+    assert verdict.judged and not verdict.ok and words in verdict.message, verdict.message
+    assert "\n" not in verdict.message
+
+
+def stage_work(t, s, p, m, v, n_layers):
+    k = t - s
+    if not 0 <= k < v * m:
+        return None
+    run = (k // m) * p + s
+    size = n_layers // (p * v)
+    return k % m, list(range(run * size, (run + 1) * size))
+
+
+# The schedule rules the checkers measure with: each against a count made another way.
+
+
+@pytest.mark.parametrize("p, m, v", [(1, 1, 1), (4, 2, 1), (8, 8, 1), (4, 6, 2), (3, 5, 3)])
+def test_every_item_runs_once_on_every_stage_one_step_after_the_last(p, m, v):
+    grid = pipeline.schedule(p, m, v)
+    assert grid.shape == (p, v * m + p - 1)
+    for s in range(p):
+        busy = grid[s][grid[s] >= 0]
+        assert busy.tolist() == list(range(v * m))  # every item once, in order
+        assert (np.flatnonzero(grid[s] >= 0) == np.arange(v * m) + s).all()
+    assert checks.bubble(p, m, v) == Fraction(p - 1, v * m + p - 1)
+
+
+def test_by_stage_gives_group_g_of_stage_s_run_g_p_plus_s_and_inverts():
+    layers = np.arange(24)
+    staged = pipeline.by_stage(layers, 3, 2)  # runs of 4 layers
+    assert staged.shape == (3, 2, 4)
+    assert staged[1, 1].tolist() == [16, 17, 18, 19]  # run 1 * 3 + 1 = 4
+    assert pipeline.from_stages(staged).tolist() == layers.tolist()
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (6, 4), (3, 7), (1, 3)])
+def test_both_orders_take_2_m_plus_p_minus_1_steps_and_hold_what_the_books_say(p, m):
+    for order, peak in (
+        (pipeline.gpipe_order, [m] * p),
+        (pipeline.one_f_one_b_order, [min(p - s, m) for s in range(p)]),
+    ):
+        steps = pipeline.simulate([order(p, m, s) for s in range(p)])
+        assert len(steps) == 2 * (m + p - 1)
+        held = pipeline.in_flight(steps)
+        assert held.max(axis=0).tolist() == peak and (held[-1] == 0).all()
+
+
+def test_simulate_names_a_deadlock():
+    with pytest.raises(ValueError, match="deadlock"):
+        pipeline.simulate([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])
+
+
+# Exercise 14.1
+
+
+def test_microbatches_accepts_the_smallest_counts():
+    verdict = exercises.ch14_microbatches(63, 16)
+    assert verdict.ok and "10.0%" in verdict.message and "9.9%" in verdict.message, verdict
+    assert exercises.ch14_microbatches(63.0, np.int64(16)).ok
+
+
+def test_microbatches_names_the_usual_mistakes():
+    rejected(exercises.ch14_microbatches(None, None), "Not answered yet")
+    rejected(exercises.ch14_microbatches(62, 16), "over 10%")
+    rejected(exercises.ch14_microbatches(64, 16), "fewer microbatches do too")
+    rejected(exercises.ch14_microbatches(70, 16), "(p - 1) / m at 10%")
+    rejected(exercises.ch14_microbatches(63, 18), "(p - 1) / (v m) at 10%")
+    rejected(exercises.ch14_microbatches(63, 63), "GPipe's answer")
+    rejected(exercises.ch14_microbatches(63, 15), "over 10%")
+    rejected(exercises.ch14_microbatches(63, 4), "m >= p")
+    rejected(exercises.ch14_microbatches(62.5, 16), "whole, positive")
+    rejected(exercises.ch14_microbatches(float("nan"), 16), "whole, positive")
+    rejected(exercises.ch14_microbatches(10**15, 16), "far more")
+    rejected(exercises.ch14_microbatches("63", 16), "is a str")
+    rejected(exercises.ch14_microbatches(True, 16), "is a bool")
+
+
+# Exercise 14.2
+
+
+def test_stage_work_accepts_the_rule_and_numpy_answers():
+    assert exercises.ch14_stage_work(stage_work).ok
+
+    def as_arrays(*args):
+        found = stage_work(*args)
+        return found and (np.int64(found[0]), np.array(found[1]))
+
+    assert exercises.ch14_stage_work(as_arrays).ok
+
+
+def test_stage_work_names_the_usual_mistakes():
+    rejected(exercises.ch14_stage_work(lambda t, s, p, m, v, n: ...), "Not answered yet")
+    rejected(exercises.ch14_stage_work(None), "Not answered yet")
+    rejected(exercises.ch14_stage_work(lambda t, s, p, m, v: None), "six arguments")
+
+    def group_for_microbatch(t, s, p, m, v, n):
+        found = stage_work(t, s, p, m, v, n)
+        return found and ((t - s) // m, found[1])
+
+    rejected(exercises.ch14_stage_work(group_for_microbatch), "is the layer group")
+
+    def consecutive_groups(t, s, p, m, v, n):
+        found, size = stage_work(t, s, p, m, v, n), n // (p * v)
+        run = v * s + (t - s) // m
+        return found and (found[0], list(range(run * size, (run + 1) * size)))
+
+    rejected(exercises.ch14_stage_work(consecutive_groups), "groups consecutive")
+    rejected(exercises.ch14_stage_work(lambda t, s, p, m, v, n: None), "not None")
+    rejected(
+        exercises.ch14_stage_work(lambda t, s, p, m, v, n: stage_work(t, s, p, m, v, n) or (0, [])),
+        "so return None",
+    )
+    rejected(exercises.ch14_stage_work(lambda t, s, p, m, v, n: t - s), "two things")
+
+    def reversed_layers(t, s, p, m, v, n):
+        found = stage_work(t, s, p, m, v, n)
+        return found and (found[0], found[1][::-1])
+
+    rejected(exercises.ch14_stage_work(reversed_layers), "applies layers")
+
+
+# Exercise 14.3
+
+
+def test_in_flight_accepts_the_counts():
+    verdict = exercises.ch14_in_flight([4] * 6, [4, 4, 4, 3, 2, 1])
+    assert verdict.ok and "4, 4, 4, 3, 2, 1" in verdict.message, verdict
+    assert exercises.ch14_in_flight(np.full(6, 4), (4, 4, 4, 3, 2, 1)).ok
+
+
+def test_in_flight_names_the_usual_mistakes():
+    rejected(exercises.ch14_in_flight(None, None), "Not answered yet")
+    rejected(exercises.ch14_in_flight([4] * 6, None), "Not answered yet")
+    rejected(exercises.ch14_in_flight([9] * 6, [4, 4, 4, 3, 2, 1]), "steps of the schedule")
+    rejected(exercises.ch14_in_flight([6] * 6, [4, 4, 4, 3, 2, 1]), "all 4 forwards")
+    rejected(exercises.ch14_in_flight([4] * 6, [6, 5, 4, 3, 2, 1]), "only 4")
+    rejected(exercises.ch14_in_flight([4] * 6, [1, 2, 3, 4, 4, 4]), "reversed")
+    rejected(exercises.ch14_in_flight([4] * 6, [4, 4, 3, 3, 2, 1]), "p - s - 1 forwards")
+    rejected(exercises.ch14_in_flight([4] * 5, [4, 4, 4, 3, 2, 1]), "one per stage")
+    rejected(exercises.ch14_in_flight("four", [4, 4, 4, 3, 2, 1]), "list of 6 numbers")
