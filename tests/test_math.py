@@ -39,6 +39,7 @@ WITH_MATH = (
     "06_collective_matmul",
     "09_tensor_parallelism",
     "12_performance",
+    "13_transformer_3d",
     "14_pipeline_parallelism",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 
 import numpy as np
@@ -30,6 +32,22 @@ def _named(tree):
 
     leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda n: isinstance(n, tuple))
     return [("/".join(str(getattr(k, "key", k)) for k in path), names) for path, names in leaves]
+
+
+@functools.cache
+def _reference():
+    """Exercise 13.1's batch and its one-device loss and gradients, computed once."""
+    import jax
+
+    from book.lessons import transformer as tr
+
+    cfg = tr.Config()
+    params = tr.init_params(cfg, seed=13)
+    tokens, targets = _batch(np.random.default_rng(13), cfg, 8, 16)
+    with jax.default_matmul_precision("highest"):
+        one = tr.make_step(cfg).lower(params, tokens, targets).compile(_FAST)
+        _, loss, grads = one(params, tokens, targets)
+    return cfg, params, tokens, targets, loss, grads
 
 
 @checker
@@ -63,14 +81,10 @@ def ch13_fsdp_tp_rules(rules):
         raise Wrong(
             f"{what} ({dims}) gets {got}, but FSDP over data and TP over model split it as {want}."
         )
-    cfg = tr.Config()
-    params = tr.init_params(cfg, seed=13)
-    tokens, targets = _batch(np.random.default_rng(13), cfg, 8, 16)
+    cfg, params, tokens, targets, ref_loss, ref_grads = _reference()
     layout = tr.Layout(_auto_mesh((4, 2), ("data", "model")), dict(rules))
     with jax.default_matmul_precision("highest"):
-        one = tr.make_step(cfg).lower(params, tokens, targets).compile(_FAST)
         mine = tr.make_step(cfg, layout).lower(params, tokens, targets).compile(_FAST)
-        _, ref_loss, ref_grads = one(params, tokens, targets)
         _, loss, grads = mine(params, tokens, targets)
     chex.assert_trees_all_close(loss, ref_loss, rtol=1e-5)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
@@ -91,27 +105,44 @@ def _loop_bytes(compiled):
     )
 
 
+_BATCH, _SEQ = 32, 16  # exercise 13.2's batch
+
+
+@functools.cache
+def _tp_block_bytes():
+    """What exercise 13.2's TP step sends per layer, read from its compiled loops once."""
+    import jax
+
+    from book.lessons import transformer as tr
+
+    cfg = tr.Config()
+    rules = {"heads": "model", "mlp": "model", "vocab": "model"}
+    layout = tr.Layout(_auto_mesh((8,), ("model",)), rules)
+    tokens, targets = _batch(np.random.default_rng(0), cfg, _BATCH, _SEQ)
+    with jax.default_matmul_precision("highest"):
+        step = tr.make_step(cfg, layout).lower(tr.init_params(cfg), tokens, targets)
+        return _loop_bytes(step.compile(_FAST))
+
+
 @checker
 def ch13_block_bytes(block_bytes):
     """Exercise 13.2: bytes one device sends over ``model`` per layer, TP on 8, batch 32."""
-    import jax
-
     from book import cost
     from book.lessons import transformer as tr
 
     answered(block_bytes, "set block_bytes to a number of bytes")
     need(
-        isinstance(block_bytes, (int, float, np.number)) and not isinstance(block_bytes, bool),
+        isinstance(block_bytes, (int, float, np.integer, np.floating))
+        and not isinstance(block_bytes, bool),
         f"block_bytes is a {type(block_bytes).__name__}; give a number of bytes.",
     )
-    batch, seq = 32, 16
-    cfg = tr.Config()
-    rules = {"heads": "model", "mlp": "model", "vocab": "model"}
-    layout = tr.Layout(_auto_mesh((8,), ("model",)), rules)
-    tokens, targets = _batch(np.random.default_rng(0), cfg, batch, seq)
-    with jax.default_matmul_precision("highest"):
-        step = tr.make_step(cfg, layout).lower(tr.init_params(cfg), tokens, targets)
-        real = _loop_bytes(step.compile(_FAST))
+    try:
+        finite = math.isfinite(float(block_bytes))
+    except OverflowError:  # an int too large for a float
+        finite = False
+    need(finite, "block_bytes is not a finite number; give a number of bytes.")
+    real = _tp_block_bytes()
+    batch, seq, cfg = _BATCH, _SEQ, tr.Config()
     stream = batch * seq * cfg.d_model * 4
     wrong = {
         2 * cost.all_reduce_bytes(stream, 8): "that is the forward loop only; the backward "

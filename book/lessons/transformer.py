@@ -138,16 +138,21 @@ def block(x, p, cfg, layout):
     return x + checkpoint_name(constrain(mlp, STREAM, layout), "mlp_out")
 
 
-def forward(params, tokens, cfg, layout=None, policy=None):
-    """Logits for every position; policy, when given, remats each layer with it."""
-    x = constrain(params["embed"][tokens], STREAM, layout)
+def run_blocks(x, blocks, cfg, layout=None, policy=None):
+    """The stream through every block; policy, when given, remats each layer with it."""
 
     def layer(x, p):  # one block; scan feeds it one layer's slice of every parameter
         return block(x, p, cfg, layout), None
 
     if policy is not None:
         layer = jax.checkpoint(layer, policy=policy)
-    x, _ = jax.lax.scan(layer, x, params["blocks"])
+    return jax.lax.scan(layer, x, blocks)[0]
+
+
+def forward(params, tokens, cfg, layout=None, policy=None):
+    """Logits for every position; policy, when given, remats each layer with it."""
+    x = constrain(params["embed"][tokens], STREAM, layout)
+    x = run_blocks(x, params["blocks"], cfg, layout, policy)
     x = rms_norm(x, params["final_norm"])
     logits = jnp.einsum("bsd,dv->bsv", x, params["unembed"])
     return constrain(logits, ("batch", None, "vocab"), layout)
