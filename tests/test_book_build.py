@@ -70,7 +70,7 @@ RESULTS = {
         "6. bidirectional reduce-scatter ring",
     ],
     "07_data_parallelism": ["loss and gradients match the single-device reference"],
-    "08_fsdp": ["FSDP with remat: same loss and gradients as DP"],
+    "08_fsdp": ["FSDP with remat: same loss and updated parameters as one device"],
     "09_tensor_parallelism": ["measured from HLO vs formula"],
     "12_performance": [
         "published peaks per chip",
