@@ -1,8 +1,9 @@
 """The rendered book in a real browser (Debian's Chromium): no console errors, nothing fetched
 from outside the book, executed outputs present, and forms that answer without a kernel.
 
-A full-page screenshot of every page, and of every form after its choices changed, is saved in
-_build/screenshots for people to look at.
+With BOOK_SCREENSHOTS=1 in the environment, a full-page screenshot of every page, and of every
+form after its choices changed, is saved in _build/screenshots for people to look at; they take
+seconds a page, so a plain test run takes none.
 """
 
 import functools
@@ -31,7 +32,7 @@ CHROMIUM_FLAGS = [
 ]
 if CHROMIUM is None and os.environ.get("CI"):
     raise RuntimeError("CI needs Chromium for the browser tests: apt-get install chromium")
-SHOTS = ROOT / "_build" / "screenshots"
+SHOTS = ROOT / "_build" / "screenshots" if os.environ.get("BOOK_SCREENSHOTS") else None
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")
 
 
@@ -59,6 +60,13 @@ def browser():
         chromium.close()
 
 
+def save(target, name, **options):
+    """Save a screenshot of a page or a form, when BOOK_SCREENSHOTS asks for them."""
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        target.screenshot(path=str(SHOTS / name), **options)
+
+
 def visit(browser, url):
     """Open a page; return it with its console errors and the requests that left the book."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -81,8 +89,7 @@ def visit(browser, url):
 @pytest.mark.parametrize("stem", pages())
 def test_page_loads_cleanly_and_shows_its_outputs(browser, site, stem):
     page, errors, outside = visit(browser, f"{site}/notebooks/{stem}.html")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{stem}.png"), full_page=True)
+    save(page, f"{stem}.png", full_page=True)
     assert errors == []
     assert outside == []
     if stem[:2].isdigit():
@@ -95,7 +102,6 @@ def test_page_loads_cleanly_and_shows_its_outputs(browser, site, stem):
 @pytest.mark.parametrize("stem", FORM_PAGES)
 def test_forms_answer_without_a_kernel(browser, site, stem):
     page, errors, _ = visit(browser, f"{site}/notebooks/{stem}.html")
-    SHOTS.mkdir(parents=True, exist_ok=True)
     forms = page.locator(".bk-form")
     assert forms.count() > 0
     for k in range(forms.count()):
@@ -113,7 +119,7 @@ def test_forms_answer_without_a_kernel(browser, site, stem):
             select.select_option(other)
             assert out.inner_html() != before, f"choosing {other!r} changed nothing"
         # what a reader sees after changing every choice once, for people to look at
-        form.screenshot(path=str(SHOTS / f"{stem}-form{k + 1}.png"))
+        save(form, f"{stem}-form{k + 1}.png")
     assert errors == []
     page.close()
 
