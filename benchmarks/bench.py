@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER_BUDGET_S = 30.0
-BOOK_BUDGET_S = 180.0
+BOOK_BUDGET_S = 200.0
 FORM_BUDGET_MS = 100.0
 
 
