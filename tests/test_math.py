@@ -41,6 +41,7 @@ WITH_MATH = (
     "12_performance",
     "13_transformer_3d",
     "14_pipeline_parallelism",
+    "15_experts_and_long_sequences",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")
