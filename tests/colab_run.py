@@ -62,6 +62,7 @@ def requirements(jax: str, ipywidgets: str | None) -> list[str]:
 
 def prepare(venv: Path, wanted: list[str]) -> Path:
     """The venv's python, with exactly ``wanted`` installed (reused while they stay the same)."""
+    venv = venv.resolve()  # chapters run in other folders
     python = venv / "bin" / "python"
     stamp = venv / ".colab-run"
     if not (python.exists() and stamp.exists() and stamp.read_text() == json.dumps(wanted)):
