@@ -427,6 +427,11 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str
         f"{s.bytes_per_device:,} of {s.total_bytes:,} bytes per device, "
         f"each shard held by {s.replication} device{'s' if s.replication > 1 else ''}"
     )
+    return _grid_with_summary(title, rows, lines, summary)
+
+
+def _grid_with_summary(title, rows, lines: list[str], summary: str) -> Rendered:
+    """A titled grid of device boxes with a summary line under it, and its text twin."""
     heading = f"<div><b>{html.escape(title)}</b></div>" if title else ""
     body = (
         f"<div class='bk-viz'>{heading}{_grid(rows)}"
@@ -613,12 +618,7 @@ def before_after_table(
         f"each device: {headers[0]} {tuple(b0.shape)} {b0.dtype}, "
         f"{headers[1]} {tuple(a0.shape)} {a0.dtype}"
     )
-    heading = f"<div><b>{html.escape(title)}</b></div>" if title else ""
-    body = (
-        f"<div class='bk-viz'>{heading}{_grid(rows)}"
-        f"<div class='bk-sum'>{html.escape(summary)}</div></div>"
-    )
-    return Rendered(body, "\n".join(([title] if title else []) + lines + [summary]))
+    return _grid_with_summary(title, rows, lines, summary)
 
 
 def _reduced_parts(before, after, reduce, groups):
