@@ -82,11 +82,10 @@ def _watch(wake: int, parent: int, folder: str) -> None:
         ready, _, _ = select.select([wake], [], [], 0.5)
         if os.getppid() != parent:
             launcher_gone()
+        # SIGHUP comes only from PR_SET_PDEATHSIG: the launcher died, even where the kernel
+        # sends it before this process is handed to its new parent and getppid() changes.
         if ready and signal.SIGHUP in os.read(wake, 64):
-            if os.getppid() != parent:
-                launcher_gone()
-            _end_descendants()
-            os._exit(1)
+            launcher_gone()
 
 
 def _tie_to_launcher(parent: int, folder: str) -> None:

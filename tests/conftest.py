@@ -6,10 +6,14 @@ workers), and the book is built from those executed notebooks with execution off
 xdist group "book", and so one worker and one build.
 """
 
+import functools
+import http.server
+import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,3 +129,51 @@ def built_book(chapter_run, tmp_path_factory):
     if done.returncode != 0:
         pytest.fail("the book build failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
     return source / "_build" / "html"
+
+
+# The rendered book in Debian's Chromium, shared by the browser tests of pages and of math.
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+if CHROMIUM is None and os.environ.get("CI"):
+    raise RuntimeError("CI needs Chromium for the browser tests: apt-get install chromium")
+SHOTS = ROOT / "_build" / "screenshots" if os.environ.get("BOOK_SCREENSHOTS") else None
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(built_book):
+    handler = functools.partial(QuietHandler, directory=str(built_book))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+def save(target, name, **options):
+    """Save a screenshot of a page or a form, when BOOK_SCREENSHOTS asks for them."""
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        target.screenshot(path=str(SHOTS / name), **options)

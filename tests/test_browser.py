@@ -6,65 +6,12 @@ form after its choices changed, is saved in _build/screenshots for people to loo
 seconds a page, so a plain test run takes none.
 """
 
-import functools
-import http.server
-import os
-import shutil
-import threading
 from urllib.parse import urlparse
 
 import pytest
-from conftest import FORM_PAGES, pages
-
-from nbconventions import ROOT
+from conftest import FORM_PAGES, needs_chromium, pages, save
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-if CHROMIUM is None and os.environ.get("CI"):
-    raise RuntimeError("CI needs Chromium for the browser tests: apt-get install chromium")
-SHOTS = ROOT / "_build" / "screenshots" if os.environ.get("BOOK_SCREENSHOTS") else None
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def site(built_book):
-    handler = functools.partial(QuietHandler, directory=str(built_book))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
-
-
-def save(target, name, **options):
-    """Save a screenshot of a page or a form, when BOOK_SCREENSHOTS asks for them."""
-    if SHOTS is not None:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        target.screenshot(path=str(SHOTS / name), **options)
 
 
 def visit(browser, url):

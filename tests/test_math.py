@@ -4,35 +4,21 @@ from outside the book.
 The chapters write formulas as ``$...$`` and ``$$...$$``; Sphinx puts each in a ``.math``
 element and loads MathJax from ``_static/mathjax`` on the pages that have one. Here every such
 page is opened in Debian's Chromium, and every formula must have become MathJax output, with
-no TeX error, its fonts served by the book, and no request leaving the page. A screenshot of
-each page is saved in _build/screenshots for people to look at.
+no TeX error, its fonts served by the book, and no request leaving the page. With
+BOOK_SCREENSHOTS=1 a screenshot of each page is saved in _build/screenshots.
 """
 
-import functools
-import http.server
 import re
-import shutil
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from conftest import needs_chromium, save
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "_build" / "screenshots"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # Chapters whose formulas are written as math; each must keep at least one.
 WITH_MATH = (
     "03_automatic_parallelism",
@@ -44,7 +30,6 @@ WITH_MATH = (
     "15_experts_and_long_sequences",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="install Debian's chromium")
 
 
 def math_pages(html: Path) -> list[str]:
@@ -67,30 +52,6 @@ def test_mathjax_loads_once_on_pages_with_math_and_nowhere_else(built_book):
         elif page.stem != "intro":
             assert loads == 0, page.name
     assert (built_book / "_static" / "mathjax" / "output" / "chtml" / "fonts").is_dir()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def site(built_book):
-    handler = functools.partial(QuietHandler, directory=str(built_book))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
 
 
 @dataclass
@@ -134,7 +95,6 @@ def typeset(browser, url):
 
 @needs_chromium
 def test_every_formula_is_typeset_from_the_book_itself(browser, site, built_book):
-    SHOTS.mkdir(parents=True, exist_ok=True)
     for stem in math_pages(built_book):
         page, seen = typeset(browser, f"{site}/notebooks/{stem}.html")
         formulas = page.locator(".math").count()
@@ -146,7 +106,7 @@ def test_every_formula_is_typeset_from_the_book_itself(browser, site, built_book
         )
         assert raw == 0, f"{stem}: formulas left as TeX"
         assert seen.fonts, f"{stem}: MathJax loaded no font from the book"
-        page.screenshot(path=str(SHOTS / f"{stem}-math.png"), full_page=True)
+        save(page, f"{stem}-math.png", full_page=True)
         assert seen.outside == [], stem
         assert seen.failed == [], stem
         assert seen.errors == [], stem
