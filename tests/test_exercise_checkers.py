@@ -540,12 +540,17 @@ def unanswered(local, mesh):
     return None
 
 
+def undefined_name(local, mesh):
+    return pandas.DataFrame(local).mean().to_numpy()  # noqa: F821
+
+
 def test_ch11_column_means():
     assert exercises.ch11_column_means(column_means).ok
     rejected(exercises.ch11_column_means(own_means), "its own 8 rows only")
     rejected(exercises.ch11_column_means(left_split), "cannot read the result")
     rejected(exercises.ch11_column_means(unanswered), "Not answered yet")
     rejected(exercises.ch11_column_means(lambda local, mesh: local), "not lambda")
+    rejected(exercises.ch11_column_means(undefined_name), "import anything else inside it")
 
 
 def own_rows(batch, sharding):

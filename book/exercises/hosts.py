@@ -16,26 +16,6 @@ from book.exercises.core import (
 
 # Chapter 11: the reader's function runs in every process of a multi-process launch --------
 
-_WORKER_HEAD = """\
-import json
-import os
-import sys
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
-
-import book.data
-
-jax.distributed.initialize(
-    num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-    process_id=int(os.environ["JAX_PROCESS_ID"]),
-)
-"""
-
 _IN_WORKER = (
     "it runs alone in each worker process, where only jax, jnp, np, multihost_utils, "
     "NamedSharding, P, AxisType and book are defined; import anything else inside it"
@@ -81,24 +61,28 @@ def _function_text(fn, what):
     return None, func.name
 
 
-def _in_processes(text, name, what, driver, args=()) -> list[dict]:
-    """Run the reader's function through ``driver`` in 2 processes of 4 CPU devices each.
+def _in_processes(text, name, what, exercise, args=()) -> list[dict]:
+    """Run the reader's function through ``exercise`` in 2 processes of 4 CPU devices each.
 
-    The driver prints one ``RESULT <json>`` line per process; their dicts come back in process
-    order. A process that raises, or a launch that hangs, becomes one sentence.
+    Each process runs ``book/exercises/host_worker.py`` and prints one ``RESULT <json>`` line;
+    their dicts come back in process order. A process that raises, or a launch that hangs,
+    becomes one sentence.
     """
     import json
     import tempfile
     from pathlib import Path
 
     import book.multihost
+    from book.exercises import host_worker
 
-    script = f"{_WORKER_HEAD}\n\n{text}\n\n{driver.replace('READER', name)}"
     with tempfile.TemporaryDirectory(prefix="book-exercise-") as folder:
-        path = Path(folder) / "exercise_worker.py"
-        path.write_text(script)
+        answer = Path(folder) / "reader_answer.py"
+        answer.write_text(f"{host_worker.READER_HEAD}\n\n{text}")
+        worker = Path(host_worker.__file__)
         try:
-            outputs = book.multihost.launch(path, 2, 4, timeout=30, args=args)
+            outputs = book.multihost.launch(
+                worker, 2, 4, timeout=30, args=[exercise, answer, name, *args]
+            )
         except book.multihost.WorkerError as err:
             raise Wrong(_worker_failure(err, what)) from None
     results = []
@@ -137,22 +121,6 @@ def _worker_failure(err, name) -> str:
     return f"In process {err.process}, {name} raised {last}; fix that and check again."
 
 
-_MEANS_DRIVER = """\
-seed = int(sys.argv[1])
-me = jax.process_index()
-local = np.random.default_rng([seed, me]).integers(-4, 5, size=(8, 3)).astype(np.float32)
-mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
-out = READER(local, mesh)
-result = {"local": local.tolist(), "none": out is None}
-try:
-    result["out"] = None if out is None else np.asarray(out, dtype=np.float64).tolist()
-except RuntimeError as err:  # a global array that spans the other process's devices
-    result["unreadable"] = str(getattr(getattr(out, "sharding", None), "spec", "?"))
-print("RESULT " + json.dumps(result))
-jax.distributed.shutdown()
-"""
-
-
 @checker
 def ch11_column_means(column_means):
     """Exercise 11.1: the mean of every column over all processes' rows, held by every process.
@@ -162,7 +130,7 @@ def ch11_column_means(column_means):
     """
     text, name = _function_text(column_means, "column_means")
     answered(text, "column_means returns nothing yet; return the 3 column means")
-    results = _in_processes(text, name, "column_means", _MEANS_DRIVER, args=[11])
+    results = _in_processes(text, name, "column_means", "column_means", args=[11])
     pieces = [np.asarray(r["local"]) for r in results]
     want = np.concatenate(pieces).mean(axis=0)
     for i, r in enumerate(results):
@@ -189,44 +157,6 @@ def ch11_column_means(column_means):
     return f"both processes hold the means of all 16 rows, {np.round(want, 4).tolist()}."
 
 
-_ROWS_DRIVER = """\
-folder, seed = sys.argv[1], int(sys.argv[2])
-source = book.data.Source(folder)
-asked = []
-_read = source.read
-
-
-def logged(field, rows):
-    asked.extend(np.asarray(rows).ravel().tolist())
-    return _read(field, rows)
-
-
-source.read = logged
-mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-sharding = NamedSharding(mesh, P(("model", "data")))
-rows = book.data.epoch_order(source.num_examples, seed, 1)[:64]
-batch = book.data.Batch(source, "x", rows)
-out = READER(batch, sharding)
-want = np.asarray(source.fields["x"])[rows]
-held = sharding.addressable_devices_indices_map(batch.shape).values()
-result = {
-    "asked": asked,
-    "mine": sorted(int(r) for index in held for r in rows[index[0]]),
-    "type": type(out).__name__,
-}
-if isinstance(out, jax.Array) and out.shape == batch.shape:
-    result["same_sharding"] = out.sharding.is_equivalent_to(sharding, out.ndim)
-    result["spec"] = str(out.sharding.spec)
-    result["shards_ok"] = all(
-        np.array_equal(np.asarray(s.data), want[s.index]) for s in out.addressable_shards
-    )
-    gathered = multihost_utils.process_allgather(out, tiled=True)
-    result["values_ok"] = bool(np.array_equal(gathered, want))
-print("RESULT " + json.dumps(result))
-jax.distributed.shutdown()
-"""
-
-
 @checker
 def ch11_own_rows(build):
     """Exercise 11.2: a global batch split ``P(('model', 'data'))``, each process reading its rows.
@@ -242,7 +172,7 @@ def ch11_own_rows(build):
     answered(text, "build returns nothing yet; return the batch as a jax.Array")
     with tempfile.TemporaryDirectory(prefix="book-exercise-") as folder:
         fresh_source(folder, 256, 4, seed=1101)
-        results = _in_processes(text, name, "build", _ROWS_DRIVER, args=[folder, 7])
+        results = _in_processes(text, name, "build", "own_rows", args=[folder, 7])
     for i, r in enumerate(results):
         need(r["type"] != "NoneType", "build returns nothing yet; return the batch.")
         need(
