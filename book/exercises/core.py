@@ -292,44 +292,168 @@ def line_mesh(axis):
     return jax.make_mesh((8,), (axis,), axis_types=(AxisType.Explicit,))
 
 
-def compile_and_run(fn, *args):
+@dataclass
+class ShardMapCall:
+    """One ``jax.shard_map`` made while the reader's function was traced: its specs, its inputs'."""
+
+    mesh: object
+    in_specs: object
+    out_specs: object
+    check_vma: bool
+    arg_specs: list | None = None  # (in_spec, the input's own spec, its rank) per input
+
+
+@contextlib.contextmanager
+def recording(module, name, wrap):
+    """``module.name`` replaced by ``wrap(real)`` while the reader's function is traced.
+
+    A checker learns this way what the reader asked JAX for (the specs of a ``shard_map``, the
+    shapes an ``all_gather`` made), so it can explain a refusal from those values instead of
+    from the wording of JAX's message. Functions made before the check are not seen.
+    """
+    real = getattr(module, name)
+    setattr(module, name, functools.wraps(real)(wrap(real)))
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
+
+
+def _recording_shard_maps(calls, check_vma=None):
+    """A ``jax.shard_map`` that adds a ``ShardMapCall`` to ``calls`` for each function it maps.
+
+    With ``check_vma`` given, every call uses it, whatever the reader passed.
+    """
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    def is_spec(x):
+        return x is None or isinstance(x, P)
+
+    def wrap(real):
+        def shard_map(f=None, /, **kw):
+            if f is None:  # shard_map(mesh=..., ...) used as a decorator
+                return lambda g: shard_map(g, **kw)
+            if check_vma is not None:
+                kw["check_vma"] = check_vma
+            mapped = real(f, **kw)
+            call = ShardMapCall(
+                kw.get("mesh"), kw.get("in_specs"), kw.get("out_specs"), kw.get("check_vma", True)
+            )
+            calls.append(call)
+
+            def traced(*args):
+                if isinstance(call.in_specs, (tuple, P)) or call.in_specs is None:
+                    specs, tree = jax.tree.flatten(call.in_specs, is_leaf=is_spec)
+                    with contextlib.suppress(ValueError, TypeError):
+                        call.arg_specs = [
+                            (spec, jax.typeof(leaf).sharding.spec, jax.typeof(leaf).ndim)
+                            for spec, sub in zip(specs, tree.flatten_up_to(args))
+                            for leaf in jax.tree.leaves(sub)
+                        ]
+                return mapped(*args)
+
+            return traced
+
+        return shard_map
+
+    return wrap
+
+
+def _padded(spec, ndim):
+    """A spec with one entry per dimension, so ``P('data')`` and ``P('data', None)`` agree."""
+    from jax.sharding import PartitionSpec as P
+
+    entries = [None if e in ((), None) else e for e in (spec or ())]
+    return P(*entries, *[None] * (ndim - len(entries)))
+
+
+def _refused_shard_map(calls, lowers_without_check) -> Wrong | None:
+    """The lesson in a ``shard_map`` refusal, read from the specs the reader gave; else None.
+
+    On Explicit mesh axes JAX requires ``in_specs`` equal to the inputs' own specs; and with
+    ``check_vma`` it refuses an ``out_specs`` that leaves a mesh axis out for a value it cannot
+    prove is the same over that axis (``lowers_without_check()`` says whether the function
+    lowers once that check is off).
+    """
+    import jax
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    for call in calls:
+        types = getattr(call.mesh, "axis_types", ())
+        if not types or any(t != AxisType.Explicit for t in types):
+            continue  # on Auto axes shard_map moves inputs to its in_specs itself
+        for want, have, ndim in call.arg_specs or ():
+            if want is not None and _padded(want, ndim) != _padded(have, ndim):
+                return Wrong(
+                    f"Your shard_map's in_specs say {spec_text(want)} for an input placed as "
+                    f"{spec_text(have)}; on Explicit mesh axes the in_specs must be the inputs' "
+                    "own specs."
+                )
+    for call in calls:
+        axes = set(getattr(call.mesh, "axis_names", ()))
+        outs = jax.tree.leaves(call.out_specs, is_leaf=lambda x: x is None or isinstance(x, P))
+        partial = [s for s in outs if s is not None and axes - set(jax.tree.leaves(tuple(s)))]
+        if call.check_vma and partial and lowers_without_check():
+            return Wrong(
+                f"JAX refuses your shard_map: out_specs {spec_text(partial[0])} promises a value "
+                "that is the same on every device, but each device computes its own; combine "
+                "them with psum or pmean first."
+            )
+    return None
+
+
+def compile_and_run(fn, *args, stub=None):
     """The reader's function compiled for ``args``, and its result: ``(out, compiled)``.
 
     Two refusals of ``shard_map`` are lessons of these chapters, so each gets its own sentence
     instead of JAX's page-long message: ``in_specs`` that differ from how an input is placed
     (on Explicit axes they must agree), and ``check_vma`` refusing an ``out_specs`` of ``P()``
-    for a value JAX cannot prove is the same on every device.
+    for a value JAX cannot prove is the same on every device. Both are read from the specs of
+    the ``shard_map`` calls made while ``fn`` is traced. A function the reader mapped before
+    the check (decorated in its cell) is traced again for this, mapped as the exercise's
+    ``stub`` maps it (the keyword arguments of its ``jax.shard_map``).
     """
-    import re
+    import inspect
 
     import jax
 
     need(callable(fn), f"Not answered yet: pass a function, not a {type(fn).__name__}.")
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+
+    def lower(fn, calls, check_vma=None):
+        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        with (
+            recording(jax, "shard_map", _recording_shard_maps(calls, check_vma)),
+            jax.default_matmul_precision("highest"),
+        ):
+            return jitted.lower(*args).compile()
+
+    calls = []
     try:
-        with jax.default_matmul_precision("highest"):
-            compiled = jitted.lower(*args).compile()
-    except ValueError as err:
-        text = str(err)
-        mismatch = re.search(
-            r"in_specs passed to shard_map: (P\([^)]*\)) does not match the specs of the "
-            r"input: (P\([^)]*\))",
-            text,
-        )
-        if mismatch:
-            raise Wrong(
-                f"Your shard_map's in_specs say {mismatch.group(1)} for an input placed as "
-                f"{mismatch.group(2)}; on Explicit mesh axes the in_specs must be the inputs' "
-                "own specs."
-            ) from None
-        if "statically inferred" not in text:
+        compiled = lower(fn, calls)
+    except ValueError:
+        if not calls and stub is not None and inspect.unwrap(fn) is not fn:
+            body = inspect.unwrap(fn)
+            fn = lambda *a: jax.shard_map(body, **stub)(*a)  # noqa: E731
+            try:
+                lower(fn, calls)
+            except ValueError:
+                pass
+            else:
+                calls = []  # mapped as the stub maps it, it lowers: the refusal is elsewhere
+
+        def lowers_without_check():
+            try:
+                lower(fn, [], check_vma=False)
+            except Exception:  # noqa: BLE001 - any failure means the check was not the cause
+                return False
+            return True
+
+        refused = _refused_shard_map(calls, lowers_without_check)
+        if refused is None:
             raise
-        where = re.search(r"(out_specs\S*) is (P\([^)]*\))", text)
-        what = f"{where.group(1)}, {where.group(2)}," if where else "out_specs"
-        raise Wrong(
-            f"JAX refuses your shard_map: {what} promises a value that is the same on every "
-            "device, but each device computes its own; combine them with psum or pmean first."
-        ) from None
+        raise refused from None
     return compiled(*args), compiled
 
 

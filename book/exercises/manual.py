@@ -70,7 +70,8 @@ def ch05_ring_sum(ring_sum):
     n = mesh.size
     blocks = np.random.default_rng(501).integers(-9, 10, size=(n, 4, 4)).astype(np.float32)
     x = jax.device_put(blocks.reshape(n * 4, 4), NamedSharding(mesh, P("i")))
-    out, compiled = compile_and_run(ring_sum, x)
+    stub = {"mesh": mesh, "in_specs": P("i"), "out_specs": P("i")}
+    out, compiled = compile_and_run(ring_sum, x, stub=stub)
     answered(out, "ring_sum returns nothing yet; return the sum of every device's block")
     rows = book.hlo.collectives(compiled)
     others = sorted({r.op for r in rows} - {"collective-permute"})
@@ -220,7 +221,8 @@ def ch05_from_five(from_five):
     n = mesh.size
     blocks = np.random.default_rng(503).integers(-9, 10, size=(n, 2, 4)).astype(np.float32)
     x = jax.device_put(blocks.reshape(n * 2, 4), NamedSharding(mesh, P("i")))
-    out, compiled = compile_and_run(from_five, x)
+    stub = {"mesh": mesh, "in_specs": P("i"), "out_specs": P()}
+    out, compiled = compile_and_run(from_five, x, stub=stub)
     answered(out, "from_five returns nothing yet; return position 5's block on every device")
     rows = book.hlo.collectives(compiled)
     ops = [r.op for r in rows]

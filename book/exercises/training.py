@@ -10,11 +10,11 @@ from book.exercises.core import (
     answered,
     checker,
     compile_and_run,
-    first_sentence,
     fresh_source,
     ints,
     line_mesh,
     need,
+    recording,
     spec_text,
 )
 
@@ -303,6 +303,7 @@ def _fsdp_check(fn, what, specs, seed):
 
     Returns what the verdict reports: the bytes reduce-scattered and all-reduced per device.
     """
+    import jax
     from jax.sharding import PartitionSpec as P
 
     import book.hlo
@@ -312,15 +313,29 @@ def _fsdp_check(fn, what, specs, seed):
     sizes = models.Sizes(batch=96, features=24, hidden=40, classes=16)
     params, x, y = _problem(seed, sizes)
     args = _put(mesh, params, specs), _put(mesh, x, P("data")), _put(mesh, y, P("data"))
+    gathered = []
+
+    def recording_gathers(real):
+        def all_gather(x, *a, **kw):
+            out = real(x, *a, **kw)
+            gathered.append(tuple(out.shape))
+            return out
+
+        return all_gather
+
+    full = {tuple(v.shape): k for k, v in params.items()}
     try:
-        out, compiled = compile_and_run(fn, *args)
-    except (TypeError, ValueError) as err:
-        if not any(w in str(err) for w in ("dot_general", "Incompatible shapes", "broadcast")):
+        with recording(jax.lax, "all_gather", recording_gathers):
+            out, compiled = compile_and_run(fn, *args)
+    except (TypeError, ValueError):
+        odd = [shape for shape in gathered if shape not in full]
+        if not odd:
             raise
         raise Wrong(
-            f"The model got a parameter of the wrong shape ({first_sentence(err)}); gather "
-            "each sharded parameter along the dimension its spec splits, with tiled=True, "
-            "and leave a replicated one as it is."
+            f"An all_gather made a {odd[0]} array, the shape of no parameter "
+            f"({', '.join(f'{k} {v}' for v, k in full.items())}); gather each sharded "
+            "parameter along the dimension its spec splits, with tiled=True, and leave a "
+            "replicated one as it is."
         ) from None
     answered(out, f"{what} returns nothing yet; return (loss, grads)")
     ref_loss, ref_grads = _one_device(models.loss, params, x, y)
