@@ -759,3 +759,53 @@ def collective_diagram(
             graph.edge(f"r{parts[d][0]}", f"a{d}")
             text.append(f"{after[d][0]} keeps {parts[d][2]}: {_inline_text(after[d][1])}")
     return Diagram(graph, "\n".join(text))
+
+
+# The colour of each kind of instruction on a timeline: communication in colour, compute grey.
+TIMELINE_COLOURS = {
+    "compute": "#b7b7b7",
+    "all-gather": "#3d85c6",
+    "reduce-scatter": "#e69138",
+    "all-reduce": "#6aa84f",
+    "collective-permute": "#8e7cc3",
+    "all-to-all": "#cc0000",
+}
+
+
+def timeline(ops, kinds, *, title: str | None = None):
+    """A per-device timeline of one run of a program: a row per device, a bar per instruction.
+
+    ``ops`` are ``book.trace.Op`` rows (one execution, every device); ``kinds`` maps an
+    instruction's name to its kind of collective (from ``book.hlo.collectives``), and every
+    other instruction is drawn as compute. Time runs in milliseconds from the run's first
+    instruction. Returns the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    ops = list(ops)
+    if not ops:
+        raise DisplayError("There is nothing to draw: pass the ops of one run of a program.")
+    unknown = {kind for kind in kinds.values()} - set(TIMELINE_COLOURS)
+    if unknown:
+        raise DisplayError(f"{sorted(unknown)[0]!r} is not a kind of collective the book draws.")
+    devices = sorted({op.device for op in ops})
+    origin = min(op.start for op in ops)
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(devices) + 1.4))
+    for row, device in enumerate(devices):
+        by_kind: dict[str, list[tuple[float, float]]] = {}
+        for op in ops:
+            if op.device == device:
+                span = ((op.start - origin) / 1e3, op.duration / 1e3)
+                by_kind.setdefault(kinds.get(op.name, "compute"), []).append(span)
+        for kind, spans in by_kind.items():
+            ax.broken_barh(spans, (row - 0.4, 0.8), facecolors=TIMELINE_COLOURS[kind])
+    ax.set_yticks(range(len(devices)), [f"device {d}" for d in devices])
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds from the step's first instruction")
+    shown = ["compute", *sorted(set(kinds.values()) & {kinds.get(op.name) for op in ops})]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=TIMELINE_COLOURS[k]) for k in shown]
+    ax.legend(handles, shown, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(shown))
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
