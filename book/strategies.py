@@ -18,7 +18,7 @@ import jax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from book import cost, hlo, models, validate
+from book import cost, hlo, models, specs, validate
 from book.lessons import data_parallel, fsdp, tensor_parallel
 
 STRATEGIES = ("DP", "FSDP", "TP", "DP x TP")
@@ -111,22 +111,82 @@ class Analysis:
 INSPECT_ONLY = {"xla_backend_optimization_level": 0}
 
 
-def analyze(strategy: str, mesh_shape: tuple[int, ...], sizes: models.Sizes) -> Analysis:
+MAX_MODEL_SIZE = 65536  # larger sizes take longer to compile than a form should wait
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One strategy step that can be compiled: a strategy, its mesh and the model's sizes."""
+
+    strategy: str
+    mesh_shape: tuple[int, ...]
+    sizes: models.Sizes
+
+
+def _size(value, name: str) -> int:
+    return validate.whole(
+        value,
+        f"The {name} size",
+        high=MAX_MODEL_SIZE,
+        text=True,
+        example=getattr(SIZES, name),
+        too_large="more than a form can compile in reasonable time",
+        error=specs.SpecError,
+    )
+
+
+def check(strategy, mesh_shape, sizes=SIZES) -> Choice:
+    """The ``Choice`` for a strategy, a mesh (``"4x2"`` or ``(4, 2)``) and four model sizes.
+
+    The sizes may be typed text (a form's boxes); anything that cannot be compiled, or that
+    does not split evenly over the mesh, is a ``SpecError`` with one sentence.
+    """
+    strategy = validate.choice(strategy, list(STRATEGIES), "a strategy", error=specs.SpecError)
+    if isinstance(mesh_shape, str):
+        shape = specs.parse_mesh_shape(mesh_shape)
+    else:
+        shape = validate.sizes(mesh_shape, "The mesh shape", error=specs.SpecError)
+    if isinstance(sizes, str) or not isinstance(sizes, (tuple, list)) or len(sizes) != 4:
+        raise specs.SpecError(
+            "sizes must be four whole numbers, book.models.Sizes(batch, features, hidden, "
+            f"classes), not {validate.describe(sizes)}."
+        )
+    sizes = models.Sizes(*(_size(v, n) for v, n in zip(sizes, models.Sizes._fields)))
+    if strategy == "DP x TP" and len(shape) != 2:
+        raise specs.SpecError("DP x TP needs a mesh with two axes, data and model, such as 4x2.")
+    if strategy != "DP x TP" and len(shape) != 1:
+        raise specs.SpecError(
+            f"{strategy} uses one mesh axis; give one size such as 8, or pick DP x TP for two."
+        )
+    if math.prod(shape) > jax.device_count():
+        raise specs.SpecError(
+            f"The mesh {'x'.join(map(str, shape))} needs {math.prod(shape)} devices but there "
+            f"are {jax.device_count()}; choose sizes that multiply to at most {jax.device_count()}."
+        )
+    data = shape[0] if strategy in ("DP", "FSDP", "DP x TP") else 1
+    model = shape[-1] if strategy in ("TP", "DP x TP") else 1
+    needs = [("batch", sizes.batch, data, "data")]
+    if strategy == "FSDP":
+        needs += [(n, getattr(sizes, n), data, "data") for n in ("features", "hidden", "classes")]
+    if model > 1:
+        needs.append(("hidden", sizes.hidden, model, "model"))
+    for name, value, ways, axis in needs:
+        if value % ways:
+            raise specs.SpecError(
+                f"{strategy} splits the {name} size {value} over the {ways} devices of "
+                f"{axis}, which does not divide evenly; choose a {name} size divisible by "
+                f"{ways}."
+            )
+    return Choice(strategy, shape, sizes)
+
+
+def analyze(strategy: str, mesh_shape: tuple[int, ...], sizes: models.Sizes = SIZES) -> Analysis:
     """Compile one step of ``strategy`` (cached) and read what it costs each device.
 
-    The choice goes through the strategy form's checks first (``book.forms.check_strategy``),
-    so one that cannot work is one sentence. Collectives over groups of a single device move
-    nothing and are left out.
+    The choice goes through ``check`` first, so one that cannot work is one sentence.
+    Collectives over groups of a single device move nothing and are left out.
     """
-    from book import forms, specs
-
-    shape = validate.sizes(mesh_shape, "The mesh shape", error=specs.SpecError)
-    if not isinstance(sizes, models.Sizes):
-        raise specs.SpecError(
-            "sizes must be a book.models.Sizes(batch, features, hidden, classes), not "
-            f"{validate.describe(sizes)}."
-        )
-    choice = forms.check_strategy(strategy, "x".join(map(str, shape)), *sizes)
+    choice = check(strategy, mesh_shape, sizes)
     return _analyze(choice.strategy, choice.mesh_shape, choice.sizes)
 
 

@@ -1,11 +1,12 @@
 """Interactive forms: thin ipywidgets wiring around pure functions that return HTML.
 
-One module per form: ``sharding`` (chapter 02), ``collective`` (chapter 05) and ``strategy``
-(chapter 09). Each has a frozen ``Choice`` that its ``check`` builds from exactly what a reader
-types or picks, a ``render_*`` function that shows one choice, a static twin that pre-renders
-every choice for the online book, and the live widget. A bad choice comes back as HTML holding
-one sentence saying what to change: these functions never raise for a reader's input, so tests
-call them directly. The names below are what chapters call.
+One module per form: ``sharding`` (chapter 02), ``collective`` (chapter 05), ``strategy``
+(chapter 09) and ``transformer`` (chapter 13). Each has a frozen ``Choice`` that its ``check``
+builds from exactly what a reader types or picks, a ``render_*`` function that shows one
+choice, a static twin that pre-renders every choice for the online book, and the live widget. A
+bad choice comes back as HTML holding one sentence saying what to change: these functions
+never raise for a reader's input, so tests call them directly. The names below are what
+chapters call.
 """
 
 from book.forms.collective import (
@@ -25,31 +26,39 @@ from book.forms.sharding import (
 )
 from book.forms.strategy import (
     STRATEGY_EXPLAINED,
-    STRATEGY_SIZES,
     check_strategy,
     render_strategy,
     static_strategy_explorer,
     strategy_explorer,
     strategy_mesh_choices,
 )
+from book.forms.transformer import (
+    check_transformer,
+    render_transformer,
+    static_transformer_explorer,
+    transformer_explorer,
+)
 
 __all__ = [
     "COLLECTIVES",
     "STRATEGY_EXPLAINED",
-    "STRATEGY_SIZES",
     "block_values",
     "check_strategy",
+    "check_transformer",
     "collective_explorer",
     "mesh_shapes",
     "parse_perm",
     "render_collective",
     "render_sharding",
     "render_strategy",
+    "render_transformer",
     "sharding_explorer",
     "spec_choices",
     "static_collective_explorer",
     "static_sharding_explorer",
     "static_strategy_explorer",
+    "static_transformer_explorer",
     "strategy_explorer",
     "strategy_mesh_choices",
+    "transformer_explorer",
 ]

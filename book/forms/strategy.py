@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass
 
-from book import display, models, specs, static_forms, validate
+from book import display, specs, static_forms, validate
 from book.forms.common import first_sentence
 
 STRATEGY_EXPLAINED = {
@@ -23,8 +22,6 @@ STRATEGY_EXPLAINED = {
     "DP x TP": "Batch split over data, weights over model as in TP: the logits are all-reduced "
     "within each model group and the gradients across the data groups.",
 }
-STRATEGY_SIZES = {"batch": 256, "features": 64, "hidden": 256, "classes": 16}
-MAX_MODEL_SIZE = 65536
 
 
 def strategy_mesh_choices(strategy: str, device_count: int) -> list[str]:
@@ -45,81 +42,35 @@ def strategy_mesh_choices(strategy: str, device_count: int) -> list[str]:
     return [str(k) for k in sizes]
 
 
-def _whole_number(value, name: str) -> int:
-    return validate.whole(
-        value,
-        f"The {name} size",
-        high=MAX_MODEL_SIZE,
-        text=True,
-        example=STRATEGY_SIZES[name],
-        too_large="more than a form can compile in reasonable time",
-        error=specs.SpecError,
-    )
+def check_strategy(strategy, mesh_shape, batch, features, hidden, classes):
+    """The ``book.strategies.Choice`` for what a reader picked and typed, or ``SpecError``."""
+    from book import strategies
 
-
-@dataclass(frozen=True)
-class Choice:
-    """One valid choice of the form: a strategy, its mesh and the model's sizes."""
-
-    strategy: str
-    mesh_shape: tuple[int, ...]
-    sizes: models.Sizes
-
-
-def check_strategy(strategy, mesh_shape, batch, features, hidden, classes) -> Choice:
-    """The ``Choice`` for what a reader picked and typed, or ``SpecError`` with one sentence."""
-    import jax
-
-    strategy = validate.choice(
-        strategy, list(STRATEGY_EXPLAINED), "a strategy", error=specs.SpecError
-    )
-    shape = specs.parse_mesh_shape(mesh_shape)
-    sizes = models.Sizes(
-        *(_whole_number(v, n) for v, n in zip((batch, features, hidden, classes), STRATEGY_SIZES))
-    )
-    if strategy == "DP x TP" and len(shape) != 2:
-        raise specs.SpecError("DP x TP needs a mesh with two axes, data and model, such as 4x2.")
-    if strategy != "DP x TP" and len(shape) != 1:
-        raise specs.SpecError(
-            f"{strategy} uses one mesh axis; give one size such as 8, or pick DP x TP for two."
-        )
-    if math.prod(shape) > jax.device_count():
-        raise specs.SpecError(
-            f"The mesh {'x'.join(map(str, shape))} needs {math.prod(shape)} devices but there "
-            f"are {jax.device_count()}; choose sizes that multiply to at most {jax.device_count()}."
-        )
-    data = shape[0] if strategy in ("DP", "FSDP", "DP x TP") else 1
-    model = shape[-1] if strategy in ("TP", "DP x TP") else 1
-    needs = [("batch", sizes.batch, data, "data")]
-    if strategy == "FSDP":
-        needs += [(n, getattr(sizes, n), data, "data") for n in ("features", "hidden", "classes")]
-    if model > 1:
-        needs.append(("hidden", sizes.hidden, model, "model"))
-    for name, value, ways, axis in needs:
-        if value % ways:
-            raise specs.SpecError(
-                f"{strategy} splits the {name} size {value} over the {ways} devices of "
-                f"{axis}, which does not divide evenly; choose a {name} size divisible by "
-                f"{ways}."
-            )
-    return Choice(strategy, shape, sizes)
+    return strategies.check(strategy, mesh_shape, (batch, features, hidden, classes))
 
 
 def render_strategy(
     strategy: str,
     mesh_shape: str,
-    batch=STRATEGY_SIZES["batch"],
-    features=STRATEGY_SIZES["features"],
-    hidden=STRATEGY_SIZES["hidden"],
-    classes=STRATEGY_SIZES["classes"],
+    batch=None,
+    features=None,
+    hidden=None,
+    classes=None,
 ) -> str:
     """HTML for one choice in the strategy form: what one training step costs each device.
 
     ``strategy`` is one of ``book.strategies.STRATEGIES``, ``mesh_shape`` the text a reader
     types (``"8"``, ``"4x2"``). The step is compiled once per choice and cached, so going back
-    to an earlier choice is immediate. A bad choice gives its one-sentence explanation.
+    to an earlier choice is immediate. Sizes left out are the chapters' (``strategies.SIZES``).
+    A bad choice gives its one-sentence explanation.
     """
-    return display.styled(_answer(strategy, mesh_shape, batch, features, hidden, classes))
+    from book import strategies
+
+    typed = [
+        v if v is not None else d
+        for v, d in zip((batch, features, hidden, classes), strategies.SIZES)
+    ]
+    return display.styled(_answer(strategy, mesh_shape, *typed))
 
 
 def _answer(*typed) -> str:
@@ -205,14 +156,17 @@ def static_strategy_explorer() -> str:
     """The strategy form without a kernel: every strategy and mesh choice pre-rendered."""
     import jax
 
+    from book import strategies
+
     count = jax.device_count()
-    defaults = STRATEGY_SIZES.values()
+    s = strategies.SIZES
     return display.styled(
         static_forms.static_form(
             ("strategy", list(STRATEGY_EXPLAINED)),
             lambda strategy: [("mesh shape", strategy_mesh_choices(strategy, count))],
-            lambda strategy, mesh: _answer(strategy, mesh, *defaults),
-            note="Model sizes: batch 256, MLP 64 → 256 → 16. Run the notebook to change them.",
+            lambda strategy, mesh: _answer(strategy, mesh, *s),
+            note=f"Model sizes: batch {s.batch}, MLP {s.features} → {s.hidden} → {s.classes}. "
+            "Run the notebook to change them.",
         )
     )
 
