@@ -1,0 +1,507 @@
+"""Plan a training run: memory and communication per device for a layout, and a step's bound.
+
+A decoder-only transformer (``Transformer``, with presets of published models) is laid out over
+``dp x fsdp x tp x pp`` devices: data parallelism over ``dp`` (parameters replicated), FSDP over
+``fsdp`` (batch and parameters split), Megatron tensor parallelism over ``tp`` (heads, MLP
+hidden units and vocabulary split) and pipeline stages over ``pp`` (layers split).
+``plan(model, ...)`` counts, per device, the bytes of parameters, gradients, optimizer state and
+activations, and the bytes each device sends per step for each kind of parallelism;
+``plan(...).seconds(HARDWARE[name])`` turns them into a lower bound on the step time.
+
+Chapter 18 checks the counts against programs XLA compiled at small scale; the conventions
+behind them are keyword arguments of ``plan`` with the defaults stated there. The collective
+formulas and the alpha-beta time are ``book.cost``'s, the ones chapter 12 uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from book import cost, validate
+from book.errors import ReaderError
+
+
+class SizingError(ReaderError, ValueError):
+    """A model, layout or convention the calculator cannot plan, in one sentence."""
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
+OPTIMIZER_MOMENTS = {"adamw": 2, "sgd": 0}
+REMAT = ("full", "none")
+GRADIENT_REDUCE = ("reduce-scatter", "all-reduce")
+KINDS = ("dp", "fsdp", "tp", "pp")
+# Axes from the innermost (neighbouring devices) outwards: the order a fast domain fills.
+INNER_TO_OUTER = ("tp", "fsdp", "pp", "dp")
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """The shape of a decoder-only transformer with grouped-query attention.
+
+    Untied embedding and unembedding, two RMS norms per layer and a final one, no biases (as
+    Llama and chapter 13's model). ``gated`` MLPs (SwiGLU, as Llama) have three matrices of
+    ``d_model x d_ff``; chapter 13's GELU MLP has two. ``head_dim`` defaults to
+    ``d_model // heads``.
+    """
+
+    layers: int
+    d_model: int
+    d_ff: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    head_dim: int | None = None
+    gated: bool = True
+
+    def __post_init__(self):
+        for name in ("layers", "d_model", "d_ff", "heads", "kv_heads", "vocab"):
+            validate.whole(getattr(self, name), f"The model's {name}", error=SizingError)
+        validate.flag(self.gated, "gated", error=SizingError)
+        if self.head_dim is None:
+            if self.d_model % self.heads:
+                raise SizingError(
+                    f"d_model {self.d_model} is not a multiple of heads {self.heads}; give "
+                    "head_dim explicitly."
+                )
+            object.__setattr__(self, "head_dim", self.d_model // self.heads)
+        validate.whole(self.head_dim, "The model's head_dim", error=SizingError)
+        if self.heads % self.kv_heads:
+            raise SizingError(
+                f"{self.heads} query heads do not split into groups for {self.kv_heads} K/V "
+                "heads; choose kv_heads that divides heads."
+            )
+
+
+# Published shapes (the models' config.json on Hugging Face).
+PRESETS = {
+    "Llama 3 8B": Transformer(32, 4096, 14336, 32, 8, 128256),
+    "Llama 3 70B": Transformer(80, 8192, 28672, 64, 8, 128256),
+}
+PRESET_SOURCES = {
+    "Llama 3 8B": "https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json",
+    "Llama 3 70B": "https://huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json",
+}
+
+
+def _arrays(m: Transformer) -> dict[str, tuple[int, dict[str, int]]]:
+    """Every parameter array of one layer or outside them: (size, {kind: dimension it splits}).
+
+    A kind maps to the length of the dimension it splits, so a device holds
+    ``size / length * ceil(length / degree)`` elements: XLA pads a dimension that does not
+    divide. TP splits K/V heads (Q, K and V by K/V head, as chapter 13 lays out ``wqkv``), the
+    output projection's heads, the MLP's hidden units and the vocabulary; FSDP splits
+    ``d_model`` wherever it occurs; norms are split by FSDP only.
+    """
+    d, h, k, dh, f = m.d_model, m.heads, m.kv_heads, m.head_dim, m.d_ff
+    layer = {
+        "norms": (2 * d, {"fsdp": d}),
+        "wqkv": (d * (h + 2 * k) * dh, {"fsdp": d, "tp": k}),
+        "wo": (h * dh * d, {"fsdp": d, "tp": k}),
+        "mlp": ((3 if m.gated else 2) * d * f, {"fsdp": d, "tp": f}),
+    }
+    outside = {
+        "embed": (m.vocab * d, {"fsdp": d, "tp": m.vocab}),
+        "final_norm": (d, {"fsdp": d}),
+        "unembed": (d * m.vocab, {"fsdp": d, "tp": m.vocab}),
+    }
+    return {**{f"layer.{n}": a for n, a in layer.items()}, **outside}
+
+
+def param_count(model: Transformer) -> int:
+    """Parameters of ``model``: every layer's, the embedding, the final norm and the unembedding.
+
+    Llama 3 8B gives 8,030,261,248 and 70B 70,553,706,496, the published 8.03B and 70.6B.
+    """
+    _check_model(model)
+    arrays = _arrays(model)
+    per_layer = sum(size for name, (size, _) in arrays.items() if name.startswith("layer."))
+    rest = sum(size for name, (size, _) in arrays.items() if not name.startswith("layer."))
+    return model.layers * per_layer + rest
+
+
+def _check_model(model) -> Transformer:
+    if not isinstance(model, Transformer):
+        raise SizingError(
+            "The model must be a book.sizing.Transformer, such as PRESETS['Llama 3 8B'], not "
+            f"{validate.describe(model)}."
+        )
+    return model
+
+
+def _held(size: int, splits: dict[str, int], degree: dict[str, int]) -> int:
+    """Elements of one array on one device, each split dimension padded to its degree."""
+    held = size
+    for kind, length in splits.items():
+        held = held // length * math.ceil(length / degree[kind])
+    return held
+
+
+@dataclass(frozen=True)
+class Collective:
+    """Collectives of one kind that one device takes part in during a step.
+
+    ``sent`` is the bytes one of them sends from each device (``book.cost``'s ring formulas),
+    ``count`` how many run per step, over a group of ``n`` devices; ``in_layers`` whether they
+    belong to the layers (the compiled program's loops) or to the ends of the model.
+    """
+
+    kind: str
+    op: str
+    what: str
+    sent: float
+    count: int
+    n: int
+    in_layers: bool
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: bytes per second a device sends along one mesh axis, latency per hop."""
+
+    name: str
+    bandwidth: float
+    hop_latency: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A chip and its links: ``fast`` within a domain of ``domain`` chips, ``slow`` beyond."""
+
+    name: str
+    peak_flops: float
+    hbm_bytes: float
+    fast: Link
+    slow: Link
+    domain: int
+    source: str
+
+
+def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_bits):
+    ici = Link(
+        "ICI",
+        ici_total / ports,  # an axis's ring uses two of the ports, one way each
+        1e-6,
+        f"{page} (bidirectional ICI per chip over its {ports} ports); hop latency: "
+        "https://jax-ml.github.io/scaling-book/tpus/",
+    )
+    dcn = Link(
+        "DCN",
+        dcn_bits / 8,
+        1e-5,
+        f"{page} (data-center network per chip); hop latency assumed (10 µs), not published",
+    )
+    return Hardware(name, tflops * 1e12, hbm, ici, dcn, domain, page)
+
+
+def _gpu(name, page, hbm):
+    nvlink = Link(
+        "NVLink",
+        450e9,  # 900 GB/s both directions together; NVSwitch gives an axis all of it
+        0.6e-6,
+        f"{page} (NVLink 900 GB/s, both directions); hop latency: NCCL's "
+        "src/graph/tuning.cc (https://github.com/NVIDIA/nccl)",
+    )
+    infiniband = Link(
+        "InfiniBand",
+        400e9 / 8,  # one 400 Gb/s NDR adapter per GPU, as in NVIDIA's DGX H100 and H200
+        5e-6,
+        "https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html "
+        "(one 400 Gb/s ConnectX-7 per GPU); hop latency assumed (5 µs), not published",
+    )
+    return Hardware(name, 989e12, hbm, nvlink, infiniband, 8, page)
+
+
+# Published figures, not measured here: per chip, dense bfloat16 FLOP/s and HBM bytes; per
+# link kind, the bytes per second one chip sends along one mesh axis and a hop's latency.
+HARDWARE = {
+    "TPU v5e": _tpu(
+        "TPU v5e", "https://cloud.google.com/tpu/docs/v5e", 197, 16e9, 400e9, 4, 256, 25e9
+    ),
+    "TPU v5p": _tpu(
+        "TPU v5p",
+        "https://cloud.google.com/tpu/docs/v5p",
+        459,
+        95 * 2**30,
+        1200e9,
+        6,
+        6144,
+        50e9,
+    ),
+    "TPU v6e": _tpu(
+        "TPU v6e", "https://cloud.google.com/tpu/docs/v6e", 918, 32e9, 800e9, 4, 256, 100e9
+    ),
+    "H100": _gpu("H100", "https://www.nvidia.com/en-us/data-center/h100/", 80e9),
+    "H200": _gpu("H200", "https://www.nvidia.com/en-us/data-center/h200/", 141e9),
+}
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A step's time on some hardware, in seconds, at peak FLOP/s and link bandwidth.
+
+    ``compute`` is the step's FLOPs (remat's recomputation and the pipeline's bubble
+    included) over the chips' peak; ``comm`` each kind's collectives on its link; ``bound``
+    the longer of those, what the step takes at best, every collective hidden behind
+    computation; ``serial`` their sum, with none hidden. ``mfu`` is the model's FLOPs over
+    what the chips could do in ``bound``: the highest MFU this layout allows.
+    """
+
+    compute: float
+    comm: dict
+    links: dict
+    bound: float
+    serial: float
+    mfu: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Memory per device (bytes) and communication per device (bytes sent per step)."""
+
+    model: Transformer
+    layout: dict
+    global_batch: int
+    seq: int
+    conventions: dict
+    memory: dict
+    comm: dict
+    collectives: tuple = field(repr=False)
+    flops: dict = field(repr=False)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.layout.values())
+
+    def links(self, hardware: Hardware) -> dict:
+        """Which link each kind's axis runs over: the fast one while the axes inside fit.
+
+        Axes fill the fast domain from the inside out, ``tp`` first, then ``fsdp``, ``pp`` and
+        ``dp``: an axis whose devices, with those of the axes inside it, fit in one domain
+        stays on the fast link; otherwise its rings cross the slow one.
+        """
+        inside, out = 1, {}
+        for kind in INNER_TO_OUTER:
+            inside *= self.layout[kind]
+            out[kind] = hardware.fast if inside <= hardware.domain else hardware.slow
+        return out
+
+    def seconds(self, hardware) -> Seconds:
+        """Compute, communication and the step's lower bound on ``hardware``."""
+        if isinstance(hardware, str) and hardware in HARDWARE:
+            hardware = HARDWARE[hardware]
+        if not isinstance(hardware, Hardware):
+            names = ", ".join(HARDWARE)
+            raise SizingError(
+                f"Pass one of book.sizing.HARDWARE ({names}) or its name, not "
+                f"{validate.describe(hardware)}."
+            )
+        links = self.links(hardware)
+        comm = dict.fromkeys(KINDS, 0.0)
+        for c in self.collectives:
+            link = links[c.kind]
+            steps = cost.ring_steps(c.op, c.n)
+            one = cost.collective_seconds(c.sent, steps, link.bandwidth, link.hop_latency)
+            comm[c.kind] += c.count * one
+        compute = self.flops["hardware"] / (self.devices * hardware.peak_flops)
+        bound = max(compute, *comm.values())
+        mfu = self.flops["model"] / (bound * self.devices * hardware.peak_flops)
+        kinds = {k: links[k].name for k in KINDS}
+        return Seconds(compute, comm, kinds, bound, compute + sum(comm.values()), mfu)
+
+
+def _whole(value, name, low=1):
+    return validate.whole(value, name, low=low, high=validate.MAX_SIZE, error=SizingError)
+
+
+def _dtype(value, name):
+    return validate.choice(value, list(DTYPE_BYTES), f"a {name}", error=SizingError)
+
+
+def plan(
+    model: Transformer,
+    *,
+    dp: int = 1,
+    fsdp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    global_batch: int,
+    seq: int,
+    microbatches: int = 1,
+    param_dtype: str = "float32",
+    grad_dtype: str = "float32",
+    moment_dtype: str = "float32",
+    compute_dtype: str = "bfloat16",
+    optimizer: str = "adamw",
+    remat: str = "full",
+    gradient_reduce: str = "reduce-scatter",
+) -> Plan:
+    """Memory and communication per device of one training step of ``model`` in this layout.
+
+    Conventions, each an argument:
+
+    - parameters, gradients and the optimizer's moments are held in ``param_dtype``,
+      ``grad_dtype`` and ``moment_dtype``, sharded alike (AdamW keeps two moments and a step
+      count, SGD nothing); activations, and what TP and PP send, are in ``compute_dtype``;
+      FSDP gathers parameters in ``param_dtype`` and reduces gradients in ``grad_dtype``;
+    - ``global_batch`` sequences of ``seq`` tokens per step, split over ``dp x fsdp`` and run
+      as ``microbatches`` (gradient accumulation, or the pipeline's microbatches);
+    - ``remat="full"`` keeps each layer's input for the backward pass and recomputes the rest
+      (a forward pass more of FLOPs); ``"none"`` keeps everything the backward pass reads, as
+      JAX differentiates chapter 13's block; both keep, outside the layers, four arrays of the
+      residual stream and the logits;
+    - FSDP gathers each layer's weights once forward and once backward and reduces its
+      gradients, per microbatch; ``gradient_reduce="all-reduce"`` counts an all-reduce where
+      the textbook has a reduce-scatter (what XLA compiles for CPU devices);
+    - TP all-reduces the residual stream four times per layer (twice forward, twice
+      backward) and twice more for the embedding and the unembedding;
+    - PP runs chapter 14's schedule: ``microbatches + pp - 1`` steps, at each of which every
+      stage sends a microbatch's activations forward and, in the backward pass, their
+      gradients back; stages hold ``layers / pp`` layers, and the embedding and unembedding
+      are counted on every stage (the larger of the two ends).
+    """
+    _check_model(model)
+    layout = {k: _whole(v, k) for k, v in zip(KINDS, (dp, fsdp, tp, pp))}
+    global_batch = _whole(global_batch, "global_batch")
+    seq = _whole(seq, "seq")
+    microbatches = _whole(microbatches, "microbatches")
+    dtypes = {
+        "param_dtype": _dtype(param_dtype, "parameter dtype"),
+        "grad_dtype": _dtype(grad_dtype, "gradient dtype"),
+        "moment_dtype": _dtype(moment_dtype, "moment dtype"),
+        "compute_dtype": _dtype(compute_dtype, "compute dtype"),
+    }
+    optimizer = validate.choice(
+        optimizer, list(OPTIMIZER_MOMENTS), "an optimizer", error=SizingError
+    )
+    remat = validate.choice(remat, list(REMAT), "a remat policy", error=SizingError)
+    gradient_reduce = validate.choice(
+        gradient_reduce, list(GRADIENT_REDUCE), "a gradient reduction", error=SizingError
+    )
+    if math.prod(layout.values()) > validate.MAX_DEVICES:
+        raise SizingError(
+            f"The layout needs {math.prod(layout.values()):,} devices; use at most "
+            f"{validate.MAX_DEVICES:,}."
+        )
+    split = layout["dp"] * layout["fsdp"] * microbatches
+    if global_batch % split:
+        raise SizingError(
+            f"A global batch of {global_batch} sequences does not split evenly over dp x fsdp "
+            f"x microbatches = {split}; choose a multiple of {split}."
+        )
+    if model.layers % layout["pp"]:
+        raise SizingError(
+            f"{model.layers} layers do not split into {layout['pp']} pipeline stages; choose a "
+            "pp that divides the number of layers."
+        )
+    conventions = {
+        "microbatches": microbatches,
+        **dtypes,
+        "optimizer": optimizer,
+        "remat": remat,
+        "gradient_reduce": gradient_reduce,
+    }
+    b = {k: DTYPE_BYTES[v] for k, v in dtypes.items()}
+    arrays = _arrays(model)
+    local_layers = model.layers // layout["pp"]
+    per_layer = sum(_held(*a, layout) for n, a in arrays.items() if n.startswith("layer."))
+    ends = {n: _held(*a, layout) for n, a in arrays.items() if not n.startswith("layer.")}
+    held = local_layers * per_layer + sum(ends.values())
+    if layout["pp"] > 1:  # each end on its own stage: the larger one
+        held = local_layers * per_layer + max(ends["embed"], ends["final_norm"] + ends["unembed"])
+
+    # Per device and step: its sequences, and one microbatch of them.
+    tokens = global_batch // (layout["dp"] * layout["fsdp"]) * seq
+    micro_tokens = tokens // microbatches
+    act = b["compute_dtype"]
+    stream = micro_tokens * model.d_model * act
+    memory = {
+        "params": held * b["param_dtype"],
+        "grads": held * b["grad_dtype"],
+        "optimizer": OPTIMIZER_MOMENTS[optimizer] * held * b["moment_dtype"]
+        + (4 if optimizer == "adamw" else 0),
+        "activations": _activations(model, layout, local_layers, micro_tokens, seq, act, remat),
+    }
+    if layout["pp"] > 1:  # the schedule holds every microbatch's activations (GPipe's memory)
+        memory["activations"] *= microbatches
+    memory["total"] = sum(memory.values())
+
+    collectives = []
+
+    def add(kind, op, what, nbytes, count, in_layers=True):
+        n = layout[kind]
+        if n > 1 and count:
+            formula = {
+                "all-gather": cost.all_gather_bytes,
+                "reduce-scatter": cost.reduce_scatter_bytes,
+                "all-reduce": cost.all_reduce_bytes,
+            }
+            sent = formula[op](nbytes, n) if op in formula else float(nbytes)
+            collectives.append(Collective(kind, op, what, sent, count, n, in_layers))
+
+    # TP: the stream all-reduced 4 times a layer, and once each for embedding and unembedding.
+    add("tp", "all-reduce", "residual stream", stream, microbatches * 4 * local_layers)
+    add("tp", "all-reduce", "embedding and unembedding", stream, 2 * microbatches, False)
+    # FSDP: one layer's weights after TP splits them, gathered whole over fsdp, twice.
+    no_fsdp = {**layout, "fsdp": 1}
+    layer_tp = sum(_held(*a, no_fsdp) for n, a in arrays.items() if n.startswith("layer."))
+    ends_tp = sum(_held(*a, no_fsdp) for n, a in arrays.items() if not n.startswith("layer."))
+    for what, elements, count in (
+        ("a layer's weights", layer_tp, local_layers),
+        ("embedding, unembedding, final norm", ends_tp, 1),
+    ):
+        add("fsdp", "all-gather", what, elements * b["param_dtype"], 2 * count * microbatches)
+        add(
+            "fsdp",
+            gradient_reduce,
+            what + ": gradients",
+            elements * b["grad_dtype"],
+            count * microbatches,
+        )
+    # DP: every gradient a device holds, all-reduced once a step.
+    add("dp", "all-reduce", "gradients", held * b["grad_dtype"], 1, False)
+    # PP: a microbatch's activations forward and their gradients back, at every schedule step.
+    add(
+        "pp",
+        "collective-permute",
+        "activations and their gradients",
+        stream,
+        2 * (microbatches + layout["pp"] - 1),
+    )
+    comm = dict.fromkeys(KINDS, 0.0)
+    for c in collectives:
+        comm[c.kind] += c.sent * c.count
+
+    all_tokens = global_batch * seq
+    matmul_params = param_count(model) - model.vocab * model.d_model  # the lookup is free
+    attention = 6 * model.layers * model.heads * model.head_dim * seq * all_tokens
+    model_flops = 6 * matmul_params * all_tokens + attention  # causal: half the scores
+    recompute = (2 * matmul_params * all_tokens + attention / 3) if remat == "full" else 0
+    bubble = (microbatches + layout["pp"] - 1) / microbatches
+    flops = {"model": model_flops, "hardware": (model_flops + recompute) * bubble}
+    return Plan(
+        model, layout, global_batch, seq, conventions, memory, comm, tuple(collectives), flops
+    )
+
+
+def _activations(m, layout, layers, tokens, seq, act, remat) -> int:
+    """Bytes one device keeps from the forward pass for the backward pass.
+
+    Per layer under full remat, the layer's input (the residual stream, whole on every TP
+    device). Without remat, what JAX keeps from chapter 13's block, per token: six arrays of
+    the stream and four numbers of its norms, Q and the attention's context (heads), K and V,
+    the attention's scores and weights (``heads x seq``, split by TP) and two statistics per
+    head, and five arrays of the MLP's hidden units. Outside the layers, four arrays of the
+    stream and the logits (in the compute dtype; the loss's float32 copy is transient).
+    """
+    tp = layout["tp"]
+    d, dh = m.d_model, m.head_dim
+    heads, kv, ff = (math.ceil(x / tp) for x in (m.heads, m.kv_heads, m.d_ff))
+    if remat == "full":
+        per_token = d * act
+    else:
+        attention = 2 * heads * dh + 2 * kv * dh + 2 * heads * seq + 2 * heads
+        per_token = (6 * d + 4 + attention + 5 * ff) * act
+    vocab = math.ceil(m.vocab / tp)
+    return tokens * (layers * per_token + (4 * d + vocab) * act)

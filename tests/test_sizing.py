@@ -1,0 +1,115 @@
+"""book.sizing: published parameter counts, the formulas' scaling, time bounds and refusals."""
+
+import math
+
+import pytest
+
+from book import cost, sizing
+from book.errors import ReaderError
+
+LLAMA_8B, LLAMA_70B = sizing.PRESETS["Llama 3 8B"], sizing.PRESETS["Llama 3 70B"]
+
+
+def test_published_parameter_counts():
+    # Meta's model cards: 8.03B and 70.6B parameters.
+    assert sizing.param_count(LLAMA_8B) == 8_030_261_248
+    assert sizing.param_count(LLAMA_70B) == 70_553_706_496
+    assert round(sizing.param_count(LLAMA_8B) / 1e9, 2) == 8.03
+    assert round(sizing.param_count(LLAMA_70B) / 1e9, 1) == 70.6
+
+
+def _plan(**kw):
+    return sizing.plan(LLAMA_8B, global_batch=64, seq=4096, **kw)
+
+
+def test_state_scales_with_sharding_not_with_dp():
+    one = _plan()
+    n = sizing.param_count(LLAMA_8B)
+    assert one.memory["params"] == 4 * n and one.memory["grads"] == 4 * n
+    assert one.memory["optimizer"] == 8 * n + 4  # two float32 moments and a step count
+    assert _plan(dp=8).memory["params"] == one.memory["params"]
+    assert _plan(fsdp=8).memory["params"] == one.memory["params"] // 8  # all sizes divide
+    tp = _plan(tp=8).memory["params"]
+    norms = (2 * LLAMA_8B.layers + 1) * LLAMA_8B.d_model  # TP keeps the norms whole
+    assert tp == 4 * ((n - norms) // 8 + norms)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_communication_follows_the_ring_formulas(n):
+    grads = 4 * sizing.param_count(LLAMA_8B)
+    assert _plan(dp=n).comm["dp"] == pytest.approx(cost.all_reduce_bytes(grads, n))
+    # FSDP: every weight gathered twice and its gradient reduce-scattered: 3 (n-1)/n P.
+    assert _plan(fsdp=n).comm["fsdp"] == pytest.approx(3 * (n - 1) / n * grads)
+    stream = 64 * 4096 * LLAMA_8B.d_model * 2  # bfloat16 activations
+    tp = cost.all_reduce_bytes(stream, n) * (4 * LLAMA_8B.layers + 2)
+    assert _plan(tp=n).comm["tp"] == pytest.approx(tp)
+    assert _plan(dp=n).comm["tp"] == _plan(tp=n).comm["dp"] == 0
+
+
+def test_tp_bytes_grow_with_the_batch_and_dp_bytes_do_not():
+    a = sizing.plan(LLAMA_8B, dp=2, tp=4, global_batch=64, seq=2048)
+    b = sizing.plan(LLAMA_8B, dp=2, tp=4, global_batch=128, seq=2048)
+    assert b.comm["tp"] == pytest.approx(2 * a.comm["tp"])
+    assert b.comm["dp"] == a.comm["dp"]
+
+
+def test_pipeline_sends_every_schedule_step():
+    p = sizing.plan(LLAMA_70B, pp=4, global_batch=32, seq=4096, microbatches=8)
+    stream = 32 // 8 * 4096 * LLAMA_70B.d_model * 2
+    assert p.comm["pp"] == 2 * (8 + 4 - 1) * stream
+    assert (
+        p.memory["params"] < sizing.plan(LLAMA_70B, global_batch=32, seq=4096).memory["params"] / 3
+    )
+
+
+def test_remat_full_keeps_less_than_none():
+    full, none = _plan(remat="full"), _plan(remat="none")
+    assert full.memory["activations"] < none.memory["activations"]
+    assert full.memory["total"] == sum(v for k, v in full.memory.items() if k != "total")
+
+
+def test_seconds_bound_and_links():
+    p = sizing.plan(LLAMA_70B, fsdp=32, tp=8, global_batch=256, seq=4096)
+    s = p.seconds(sizing.HARDWARE["H100"])
+    assert s.links["tp"] == "NVLink" and s.links["fsdp"] == "InfiniBand"
+    assert s.bound == max(s.compute, *s.comm.values())
+    assert s.serial >= s.bound and 0 < s.mfu <= 1
+    one = next(c for c in p.collectives if c.kind == "tp" and c.in_layers)
+    link = sizing.HARDWARE["H100"].fast
+    steps = cost.ring_steps("all-reduce", 8)
+    each = cost.collective_seconds(one.sent, steps, link.bandwidth, link.hop_latency)
+    assert s.comm["tp"] >= one.count * each
+    assert p.seconds("TPU v5p").links["fsdp"] == "ICI"  # 256 chips: one slice
+
+
+def test_hardware_has_sources():
+    assert set(sizing.HARDWARE) == {"TPU v5e", "TPU v5p", "TPU v6e", "H100", "H200"}
+    for hw in sizing.HARDWARE.values():
+        assert hw.source.startswith("https://")
+        for link in (hw.fast, hw.slow):
+            assert "https://" in link.source and link.bandwidth > 0 and link.hop_latency > 0
+        assert hw.fast.bandwidth > hw.slow.bandwidth
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: sizing.plan("Llama", global_batch=8, seq=8),
+        lambda: sizing.plan(LLAMA_8B, dp=0, global_batch=8, seq=8),
+        lambda: sizing.plan(LLAMA_8B, dp=3, global_batch=8, seq=8),
+        lambda: sizing.plan(LLAMA_8B, pp=5, global_batch=8, seq=8),
+        lambda: sizing.plan(LLAMA_8B, global_batch=8, seq=8, remat="some"),
+        lambda: sizing.plan(LLAMA_8B, global_batch=8, seq=8, param_dtype="fp32"),
+        lambda: sizing.plan(LLAMA_8B, dp=True, global_batch=8, seq=8),
+        lambda: sizing.plan(LLAMA_8B, dp=1024, fsdp=1024, global_batch=2**20, seq=8),
+        lambda: sizing.Transformer(2, 64, 128, 6, 4, 64),
+        lambda: sizing.Transformer(2, 64, 128, 16, 8, 64, gated="yes"),
+        lambda: _plan().seconds("TPU v9"),
+    ],
+)
+def test_refusals_are_one_sentence(call):
+    with pytest.raises(ReaderError) as err:
+        call()
+    message = str(err.value)
+    assert message.endswith(".") and "\n" not in message and len(message) < 300
+    assert math.isfinite(len(message))
