@@ -87,6 +87,15 @@ RESULTS = {
         "the MoE layer on 8 devices equals one device",
         "every order, and a random one, gives full causal attention back",
     ],
+    "16_training_state": [
+        "born sharded: every device",
+        "the same bits on 3 layouts",
+        "AdamW train state per device",
+        "the same loss and gradients",
+        "the estimate falls by",
+        "resumed on 4 x 2",
+        "resumed on 2 processes x 2 devices",
+    ],
 }
 
 # Errors the chapters provoke on purpose, caught and explained on the page.
@@ -167,6 +176,7 @@ PLOTS = {
     "12_performance": 2,  # the roofline and the bytes-against-formulas chart
     "14_pipeline_parallelism": 4,  # two schedules, the bubble against m, GPipe and 1F1B
     "15_experts_and_long_sequences": 2,  # drops per expert, and work per device on the ring
+    "16_training_state": 1,  # float32 and bfloat16 loss curves
 }
 
 
