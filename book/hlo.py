@@ -495,17 +495,18 @@ _WHERE = ("sharding", "replica_groups", "source_target_pairs")
 class Instruction:
     """One instruction of a compiled program's entry computation, trimmed for reading.
 
-    ``type`` is the result type on one device without layouts (``f32[8,32]``) and ``shape`` its
-    dimensions (a tuple of them for a tuple result). ``fused`` names the operations inside a
-    fusion or async wrapper, so that one the compiler merged with its neighbours, such as a
-    ``dynamic-slice``, can still be found. ``details`` are the attributes that say where data
-    lives or moves (``sharding=``, ``replica_groups=``, ``source_target_pairs=``).
+    ``type`` is the result type on one device without layouts (``f32[8,32]``) and ``shapes``
+    the dimensions of each array it returns, always a tuple of them, as ``Collective.shapes``.
+    ``fused`` names the operations inside a fusion or async wrapper, so that one the compiler
+    merged with its neighbours, such as a ``dynamic-slice``, can still be found. ``details`` are
+    the attributes that say where data lives or moves (``sharding=``, ``replica_groups=``,
+    ``source_target_pairs=``).
     """
 
     name: str
     op: str
     type: str
-    shape: tuple
+    shapes: tuple[tuple[int, ...], ...]
     operands: tuple[str, ...] = ()
     fused: tuple[str, ...] = ()
     details: tuple[str, ...] = ()
@@ -549,7 +550,7 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
             name=inst.name,
             op=inst.op,
             type=re.sub(r"\{[^{}]*\}", "", inst.type).strip(),
-            shape=dims[0] if len(dims) == 1 else dims,
+            shapes=dims,
             operands=operands,
             fused=fused,
             details=details,

@@ -441,7 +441,7 @@ def test_listing_keeps_shapes_and_groups_and_drops_the_rest(mesh2d):
     assert "metadata=" not in text and "{1,0}" not in text and "channel_id" not in text
     assert all(len(line) <= 88 for line in text.splitlines())
     params = [r for r in book.hlo.instructions(compiled) if r.op == "parameter"]
-    assert [r.shape for r in params] == [(8, 32), (32, 2)]
+    assert [r.shapes for r in params] == [((8, 32),), ((32, 2),)]
     # A parameter's sharding is listed where this XLA prints it (jax 0.10 does, 0.12 does not);
     # the compiled program's input_shardings say it in every version.
     entry = compiled.as_text().split("\nENTRY ", 1)[1]
@@ -462,7 +462,7 @@ def test_a_fused_dynamic_slice_is_found_inside_its_fusion(mesh):
     compiled = jax.jit(jnp.matmul, out_shardings=NamedSharding(mesh, P("x"))).lower(a, b).compile()
     (reduce,) = book.hlo.instructions(compiled, "all-reduce")
     (cut,) = book.hlo.instructions(compiled, "dynamic-slice")  # CPU: all-reduce, then a slice
-    assert cut.shape == (2, 8) and f"%{reduce.name}" in cut.operands
+    assert cut.shapes == ((2, 8),) and f"%{reduce.name}" in cut.operands
     assert "dynamic-slice" in book.display.instruction_text(cut)
 
 
