@@ -119,3 +119,64 @@ def test_block_bytes_never_raises_on_garbage(answer):
     verdict = exercises.ch13_block_bytes(answer)
     assert verdict.judged and not verdict.ok, verdict.message
     assert "\n" not in verdict.message
+
+
+FSDP_TP = {**RIGHT_RULES, "batch": "fsdp", "embed": "fsdp"}
+
+
+def test_memory_budget_is_a_share_of_dp():
+    from book.exercises import transformer
+    from book.forms import transformer as form
+
+    dp = form.analyze("DP", "8").total_bytes
+    assert transformer.memory_budget() == round(0.6 * dp)
+
+
+@pytest.mark.parametrize(
+    "rules, mesh_shape",
+    [
+        (FSDP_TP, "4x2"),  # the worked solution
+        ("FSDP", "8"),  # a table of the chapter, by name
+        ({"batch": "fsdp", "embed": "fsdp"}, (8,)),  # the mesh as sizes
+    ],
+)
+def test_memory_budget_accepts_layouts_that_fit(rules, mesh_shape):
+    verdict = exercises.ch13_memory_budget(rules, mesh_shape)
+    accepted(verdict)
+    assert "of the budget" in verdict.message
+
+
+@pytest.mark.parametrize(
+    "rules, mesh_shape, words",
+    [
+        (None, "4x2", "Not answered yet"),
+        (FSDP_TP, None, "Not answered yet"),
+        ("DP", "8", "most of it is parameters"),
+        (TP_RULES, "8", "most of it is temporaries"),
+        (FSDP_TP, "8", "name 2 mesh axes, fsdp, model, but the mesh 8 has 1 size"),
+        ({"batch": "data"}, "3", "which does not divide evenly"),
+        ({"emb": "fsdp"}, "8", "is not a logical name of this model"),
+    ],
+)
+def test_memory_budget_says_what_to_change(rules, mesh_shape, words):
+    rejected(exercises.ch13_memory_budget(rules, mesh_shape), words)
+
+
+@pytest.mark.parametrize(
+    "rules, mesh_shape",
+    [
+        (42, "8"),
+        ({"batch": object()}, "8"),
+        ({"batch": ("data", 7)}, "8"),
+        ({("batch",): "data"}, "8"),
+        ({"batch": "data"}, 8.0),
+        ({"batch": "data"}, "0"),
+        ({"batch": "data"}, "8" * 30),
+        ({"batch": "data"}, [True]),
+        ({"batch": "data"}, {"data": 8}),
+    ],
+)
+def test_memory_budget_never_raises_on_garbage(rules, mesh_shape):
+    verdict = exercises.ch13_memory_budget(rules, mesh_shape)
+    assert verdict.judged and not verdict.ok, verdict.message
+    assert "\n" not in verdict.message

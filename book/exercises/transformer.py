@@ -162,3 +162,51 @@ def ch13_block_bytes(block_bytes):
         "each of the residual stream (batch, seq, d_model) in float32.",
     )
     return f"{real:,.0f} bytes per device and layer, as the compiled step's loops send."
+
+
+BUDGET_OF_DP = 0.6  # exercise 13.3: each device has 60% of what DP's step needs
+
+
+def memory_budget() -> int:
+    """Exercise 13.3's budget in bytes per device: a share of DP's step on 8 devices."""
+    from book.forms import transformer as form
+
+    return round(BUDGET_OF_DP * form.analyze("DP", "8").total_bytes)
+
+
+@checker
+def ch13_memory_budget(rules, mesh_shape):
+    """Exercise 13.3: a layout whose step fits in ``memory_budget()`` bytes on each device.
+
+    The step is the chapter's, for the transformer form's model and batch, compiled by the
+    form; what it needs is its arguments, outputs and temporaries per device, as
+    ``memory_analysis`` counts them. The budget is a share of what DP needs, so that it means
+    the same on any compiler.
+    """
+    from book import specs
+    from book.forms import transformer as form
+
+    answered(rules, "set rules to a dict from logical names to mesh axes")
+    answered(mesh_shape, "set mesh_shape to a mesh shape such as '4x2'")
+    try:
+        a = form.analyze(rules, mesh_shape)
+    except specs.SpecError as err:
+        raise Wrong(str(err)) from None
+    budget = memory_budget()
+    kept = a.argument_bytes + a.output_bytes  # parameters, new parameters and gradients
+    if a.total_bytes > budget:
+        if kept > a.temp_bytes:
+            why = "most of it is parameters, held three times (the step's input, its update "
+            why += "and its gradient): split them over more devices"
+        else:
+            why = "most of it is temporaries, the activations of the sequences a device works "
+            why += "on: split the batch, or the sequence between sublayers"
+        raise Wrong(
+            f"On {a.choice.where} this step needs {a.total_bytes:,} bytes per device, more "
+            f"than the budget of {budget:,}; {why}."
+        )
+    return (
+        f"On {a.choice.where} the step needs {a.total_bytes:,} bytes per device, "
+        f"{a.total_bytes / budget:.0%} of the budget of {budget:,}: {kept:,} for the "
+        f"parameters, their update and gradients, {a.temp_bytes:,} of temporaries."
+    )

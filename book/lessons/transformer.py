@@ -12,6 +12,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+import re
+import itertools
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,3 +188,45 @@ def make_step(cfg, layout=None, policy=None, learning_rate=1.0):
         in_shardings=(params, data, data),
         out_shardings=(params, scalar, params),
     )
+
+
+TP_RULES = {"heads": "model", "mlp": "model", "vocab": "model"}
+RULES = {  # one table per layout: the mesh axes it names are the axes its mesh needs
+    "DP": {"batch": "data"},
+    "FSDP": {"batch": "fsdp", "embed": "fsdp"},
+    "TP": TP_RULES,
+    "FSDP x TP": {"batch": "fsdp", "embed": "fsdp", **TP_RULES},
+    "DP x FSDP x TP": {"batch": ("data", "fsdp"), "embed": "fsdp", **TP_RULES},
+}
+
+
+def loop_trips(compiled):
+    """How many times each loop body of a compiled program runs: {body: trip count}."""
+    trips = {}
+    for line in compiled.as_text().splitlines():
+        m = re.search(r'body=%?([\w.\-]+).*"known_trip_count":\{"n":"(\d+)"', line)
+        if m:
+            trips[m.group(1)] = int(m.group(2))
+    return trips
+
+
+SP_RULES = {**TP_RULES, "seq": "model"}  # TP, and the stream split by its sequence
+
+
+def axis_groups(mesh, axes):
+    """The device groups of a collective over these mesh axes, as device positions."""
+    ids = np.arange(mesh.size).reshape(mesh.devices.shape)
+    dims = [mesh.axis_names.index(a) for a in axes]
+    rest = [d for d in range(ids.ndim) if d not in dims]
+    size = math.prod(ids.shape[d] for d in dims)
+    return {tuple(sorted(g)) for g in ids.transpose(rest + dims).reshape(-1, size)}
+
+
+def axes_of(row, mesh):
+    """The mesh axes a collective runs over, read from its device groups."""
+    groups = {tuple(sorted(g)) for g in row.groups}
+    for k in range(1, len(mesh.axis_names) + 1):
+        for axes in itertools.combinations(mesh.axis_names, k):
+            if axis_groups(mesh, axes) == groups:
+                return " x ".join(axes)
+    return "other"
