@@ -118,6 +118,12 @@ def synthetic_data(seed, n: int, features: int, classes: int, dtype=np.float32):
     return jnp.asarray(x), jnp.asarray(labels)
 
 
+def param_shapes(sizes: Sizes) -> dict:
+    """The shape of each parameter ``init`` makes, for programs compiled without any data."""
+    f, h, c = sizes.features, sizes.hidden, sizes.classes
+    return {"w1": (f, h), "b1": (h,), "w2": (h, c), "b2": (c,)}
+
+
 def param_count(sizes: Sizes) -> int:
     """How many numbers the model has: both weight matrices and both biases."""
     f, h, c = sizes.features, sizes.hidden, sizes.classes

@@ -67,12 +67,7 @@ def train_step(strategy: str, mesh):
 
 def abstract_inputs(strategy: str, mesh, sizes: models.Sizes):
     """Shapes, dtypes and shardings of a step's inputs, so it compiles without any data."""
-    shapes = {
-        "w1": (sizes.features, sizes.hidden),
-        "b1": (sizes.hidden,),
-        "w2": (sizes.hidden, sizes.classes),
-        "b2": (sizes.classes,),
-    }
+    shapes = models.param_shapes(sizes)
     params = {
         name: jax.ShapeDtypeStruct(
             shape, "float32", sharding=NamedSharding(mesh, PARAM_SPECS[strategy][name])
