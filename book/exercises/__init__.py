@@ -44,6 +44,7 @@ from book.exercises.manual import (
     ch06_ring_right,
 )
 from book.exercises.pipeline import ch14_in_flight, ch14_microbatches, ch14_stage_work
+from book.exercises.profiling import ch17_as_rate, ch17_collective_share, ch17_step_flops
 from book.exercises.state import ch16_masked_mean_grads, ch16_restore_on
 from book.exercises.training import (
     ch07_masked_mean,
@@ -102,6 +103,9 @@ __all__ = [
     "ch15_merge_normalized",
     "ch16_masked_mean_grads",
     "ch16_restore_on",
+    "ch17_as_rate",
+    "ch17_collective_share",
+    "ch17_step_flops",
     "INTENSITY_SHAPES",
     "Verdict",
     "matmul_intensity",
