@@ -163,6 +163,25 @@ def error_html(message) -> str:
 # What the compiler made -------------------------------------------------------------------------
 
 
+def verdict_html(ok: bool, message: str, judged: bool = True) -> str:
+    """An exercise checker's verdict: a mark, and its sentence."""
+    kind, mark = ("bk-pass", "✔") if ok else ("bk-fail", "✘")
+    if not judged:
+        kind, mark = "bk-unjudged", "?"
+    return styled(f"<div class='bk-verdict {kind}'><b>{mark}</b> {html.escape(message)}</div>")
+
+
+def outputs_html(texts) -> str:
+    """What several processes printed, side by side, long lines wrapped inside their column."""
+    columns = "".join(
+        f"<div class='bk-process'><div class='bk-process-title'>process {i}</div>"
+        f"<pre>{html.escape(text.rstrip()) or '(no output)'}</pre></div>"
+        for i, text in enumerate(texts)
+    )
+    grid = f"grid-template-columns:repeat({len(texts)},minmax(0,1fr))"
+    return styled(f"<div class='bk-processes' style='{grid}'>{columns}</div>")
+
+
 def shape_text(row: hlo.Collective) -> str:
     """A row's shapes per device: ``[8, 32]``, ``4 × [1, 4, 8]`` or ``([8], [8, 32])``."""
     if len(row.shapes) == 1:

@@ -12,7 +12,6 @@ interrupted in the middle of it.
 from __future__ import annotations
 
 import contextlib
-import html
 import os
 import re
 import shutil
@@ -91,21 +90,9 @@ class Outputs(list):
         return "\n".join(parts)
 
     def _repr_html_(self) -> str:
-        columns = []
-        for i, text in enumerate(self):
-            body = html.escape(text.rstrip()) or "(no output)"
-            columns.append(
-                '<div style="min-width:0">'
-                f'<div style="font-weight:bold;margin-bottom:2px">process {i}</div>'
-                '<pre style="margin:0;padding:4px 6px;border:1px solid #bbb;'
-                "border-radius:4px;font-size:11px;line-height:1.35;"
-                f'white-space:pre-wrap;overflow-wrap:anywhere">{body}</pre></div>'
-            )
-        grid = (
-            f'<div style="display:grid;grid-template-columns:repeat({len(self)},'
-            f'minmax(0,1fr));gap:8px">{"".join(columns)}</div>'
-        )
-        return grid
+        from book import display
+
+        return display.outputs_html(self)
 
 
 def free_port() -> int:

@@ -122,6 +122,7 @@ def test_each_output_embeds_the_stylesheet_once():
         display.shard_table(x)._repr_html_(),
         display.table(["a"], [[1]])._repr_html_(),
         display.before_after_table(x, x)._repr_html_(),
+        display.verdict_html(False, "Not <yet>."),
     ]
     for shown in outputs:
         assert shown.count("<style>") == 1 and shown.startswith(f"<style>{display.STYLESHEET}")

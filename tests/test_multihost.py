@@ -1,6 +1,7 @@
 """book.multihost.launch: real JAX processes, and no process left behind whatever happens."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -326,7 +327,9 @@ def test_native_stdout_stays_out_of_the_output(tmp_path):
 
 def test_long_lines_wrap_in_their_column():
     html = Outputs(["x" * 500])._repr_html_()
-    assert "white-space:pre-wrap" in html and "overflow-wrap:anywhere" in html
+    rule = re.search(r"\.bk-process pre \{([^}]*)\}", html)
+    assert "class='bk-process'" in html and rule, html[-400:]
+    assert "white-space: pre-wrap" in rule.group(1) and "overflow-wrap: anywhere" in rule.group(1)
 
 
 def test_free_ports_differ_and_bind():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import html
 import inspect
 import os
 import sys
@@ -42,13 +41,9 @@ class Verdict:
     judged: bool = True
 
     def _repr_html_(self):
-        colour, mark = ("#1e7b34", "✔") if self.ok else ("#a33", "✘")
-        if not self.judged:
-            colour, mark = ("#8a6d00", "?")
-        return (
-            f"<div style='border-left:4px solid {colour};padding:4px 10px;margin:4px 0'>"
-            f"<b style='color:{colour}'>{mark}</b> {html.escape(self.message)}</div>"
-        )
+        from book import display
+
+        return display.verdict_html(self.ok, self.message, self.judged)
 
     def __repr__(self):
         if not self.judged:
