@@ -218,7 +218,10 @@ def test_ch07_sum_dp():
     rejected(exercises.ch07_sum_dp(sum_dp(divide_by="no")), "divide it by the global batch")
     rejected(exercises.ch07_sum_dp(sum_dp(divide_by="local")), "one device's 12 examples")
     rejected(exercises.ch07_sum_dp(sum_dp(pcast=False)), "without pcast")
-    rejected(exercises.ch07_sum_dp(sum_dp(whole_batch=True)), "in_specs say P() for an input placed as P('data', None)")
+    rejected(
+        exercises.ch07_sum_dp(sum_dp(whole_batch=True)),
+        "in_specs say P() for an input placed as P('data', None)",
+    )
     rejected(exercises.ch07_sum_dp(sum_dp(collective=None)), "out_specs P() promises a value")
     rejected(exercises.ch07_sum_dp(lambda params, x, y: None), "Not answered yet")
 
