@@ -96,6 +96,11 @@ RESULTS = {
         "resumed on 4 x 2",
         "resumed on 2 processes x 2 devices",
     ],
+    "17_profiling": [
+        "ran once on each of the 8 devices in each of the 3 steps",
+        "traced again: 1 time",
+        "3 calls, the warm-up's rate and two from the table: traced 1 time",
+    ],
 }
 
 # Errors the chapters provoke on purpose, caught and explained on the page.
@@ -133,6 +138,8 @@ TABLES = {
         *(f"<b>{title}</b>" for title in COLLECTIVE_TITLES),
     ],
     "06_collective_matmul": [("<table class='bk-table'>", 6)],
+    # the collectives, device 0's instructions, the compile log, the cache's two processes
+    "17_profiling": [("<table class='bk-table'>", 4), "<td>reduce-scatter</td>"],
 }
 
 
@@ -177,6 +184,7 @@ PLOTS = {
     "14_pipeline_parallelism": 4,  # two schedules, the bubble against m, GPipe and 1F1B
     "15_experts_and_long_sequences": 2,  # drops per expert, and work per device on the ring
     "16_training_state": 1,  # float32 and bfloat16 loss curves
+    "17_profiling": 1,  # the timeline of one traced step, device by device
 }
 
 

@@ -28,6 +28,7 @@ WITH_MATH = (
     "13_transformer_3d",
     "14_pipeline_parallelism",
     "15_experts_and_long_sequences",
+    "17_profiling",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
 
