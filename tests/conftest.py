@@ -31,7 +31,12 @@ NOTEBOOKS = ROOT / "notebooks"
 CELL_TIMEOUT = 300  # seconds for one cell, as the book build allows
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of IPython's tracebacks
 # The pages with a form; test_book_build.py checks that no other page has one.
-FORM_PAGES = ("02_sharded_arrays", "05_shard_map_and_collectives", "09_tensor_parallelism")
+FORM_PAGES = (
+    "02_sharded_arrays",
+    "05_shard_map_and_collectives",
+    "09_tensor_parallelism",
+    "13_transformer_3d",
+)
 
 book.devices.setup(8)
 

@@ -110,6 +110,8 @@ CAUGHT = {
     "05_shard_map_and_collectives": ["so it is not a permutation"],
     "06_collective_matmul": ["The result differs from A @ B"],  # the mis-indexed ring
     "12_performance": ["MiB per device and per ring link for S = 1 MiB"],
+    # the layout form's render_transformer, called with a mesh of too few axes
+    "13_transformer_3d": ["rules name 3 mesh axes, data, fsdp, model, but the mesh 4x2 has 2"],
 }
 
 COLLECTIVE_TITLES = [
@@ -138,6 +140,11 @@ TABLES = {
         *(f"<b>{title}</b>" for title in COLLECTIVE_TITLES),
     ],
     "06_collective_matmul": [("<table class='bk-table'>", 6)],
+    "13_transformer_3d": [
+        "per device, from memory_analysis()",  # the layout form's steps, side by side
+        "FSDP x TP on the 2x4 mesh (fsdp=2, model=4)",  # the form's choice, called directly
+        "<th>bytes sent per step (ring)</th>",
+    ],
     # the collectives, device 0's instructions, the compile log, the cache's two processes
     "17_profiling": [("<table class='bk-table'>", 4), "<td>reduce-scatter</td>"],
 }

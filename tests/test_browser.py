@@ -81,3 +81,17 @@ def test_the_sharding_explorer_is_on_its_page(browser, site):
     form.locator("select").nth(2).select_option("('data', 'model')")
     assert "used twice" in form.locator(".bk-out").inner_text()
     page.close()
+
+
+@needs_chromium
+def test_the_layout_form_is_on_its_page(browser, site):
+    page, _, _ = visit(browser, f"{site}/notebooks/13_transformer_3d.html")
+    form = page.locator(".bk-form").first
+    assert "DP on 8 devices in a line (data=8)" in form.locator(".bk-out").inner_text()
+    form.locator("select").nth(0).select_option("FSDP x TP")
+    assert form.locator("select").nth(1).locator("option").all_inner_texts() == ["4x2", "2x4"]
+    form.locator("select").nth(1).select_option("2x4")
+    shown = form.locator(".bk-out").inner_text()
+    assert "FSDP x TP on the 2x4 mesh (fsdp=2, model=4)" in shown
+    assert "memory_analysis()" in shown and "all-gather" in shown
+    page.close()

@@ -125,10 +125,10 @@ FSDP_TP = {**RIGHT_RULES, "batch": "fsdp", "embed": "fsdp"}
 
 
 def test_memory_budget_is_a_share_of_dp():
+    from book import layouts
     from book.exercises import transformer
-    from book.forms import transformer as form
 
-    dp = form.analyze("DP", "8").total_bytes
+    dp = layouts.analyze("DP", "8").total_bytes
     assert transformer.memory_budget() == round(0.6 * dp)
 
 

@@ -5,19 +5,19 @@ import re
 
 import pytest
 
-from book import forms
+from book import forms, layouts
 from book.forms import transformer
 from book.lessons import transformer as lesson
 
 
 def test_the_tables_are_the_chapters():
-    assert {k: transformer.TABLES[k] for k in lesson.RULES} == lesson.RULES
-    assert transformer.TABLES["TP + SP"] == lesson.SP_RULES
+    assert {k: layouts.TABLES[k] for k in lesson.RULES} == lesson.RULES
+    assert layouts.TABLES["TP + SP"] == lesson.SP_RULES
 
 
 def test_each_table_is_offered_the_meshes_of_8_devices_with_its_axes():
-    assert transformer.mesh_axes(lesson.RULES["DP x FSDP x TP"]) == ("data", "fsdp", "model")
-    assert transformer.mesh_axes(lesson.RULES["FSDP x TP"]) == ("fsdp", "model")
+    assert layouts.mesh_axes(lesson.RULES["DP x FSDP x TP"]) == ("data", "fsdp", "model")
+    assert layouts.mesh_axes(lesson.RULES["FSDP x TP"]) == ("fsdp", "model")
     assert transformer.mesh_choices("DP") == ["8"]
     assert transformer.mesh_choices("FSDP x TP") == ["4x2", "2x4"]
     assert transformer.mesh_choices("DP x FSDP x TP") == ["2x2x2"]
@@ -75,11 +75,11 @@ def test_render_shows_what_each_device_holds_its_memory_and_collectives():
 
 def test_a_step_compiled_elsewhere_is_used_only_for_its_own_choice():
     dp, fsdp = (forms.check_transformer(t, "8") for t in ("DP", "FSDP"))
-    step = transformer._compiled(dp)
-    assert transformer._fits(step, dp)
-    assert not transformer._fits(step, fsdp)  # other shardings
-    assert not transformer._fits(step, forms.check_transformer("DP", "8", batch=16))
-    assert not transformer._fits("not a program", dp)
+    step = layouts._compiled(dp)
+    assert layouts._fits(step, dp)
+    assert not layouts._fits(step, fsdp)  # other shardings
+    assert not layouts._fits(step, forms.check_transformer("DP", "8", batch=16))
+    assert not layouts._fits("not a program", dp)
 
 
 def test_static_twin_offers_every_table_on_its_meshes(monkeypatch):

@@ -169,27 +169,26 @@ BUDGET_OF_DP = 0.6  # exercise 13.3: each device has 60% of what DP's step needs
 
 def memory_budget() -> int:
     """Exercise 13.3's budget in bytes per device: a share of DP's step on 8 devices."""
-    from book.forms import transformer as form
+    from book import layouts
 
-    return round(BUDGET_OF_DP * form.analyze("DP", "8").total_bytes)
+    return round(BUDGET_OF_DP * layouts.analyze("DP", "8").total_bytes)
 
 
 @checker
 def ch13_memory_budget(rules, mesh_shape):
     """Exercise 13.3: a layout whose step fits in ``memory_budget()`` bytes on each device.
 
-    The step is the chapter's, for the transformer form's model and batch, compiled by the
-    form; what it needs is its arguments, outputs and temporaries per device, as
+    The step is the chapter's, for the layout form's model and batch (``book.layouts``);
+    what it needs is its arguments, outputs and temporaries per device, as
     ``memory_analysis`` counts them. The budget is a share of what DP needs, so that it means
     the same on any compiler.
     """
-    from book import specs
-    from book.forms import transformer as form
+    from book import layouts, specs
 
     answered(rules, "set rules to a dict from logical names to mesh axes")
     answered(mesh_shape, "set mesh_shape to a mesh shape such as '4x2'")
     try:
-        a = form.analyze(rules, mesh_shape)
+        a = layouts.analyze(rules, mesh_shape)
     except specs.SpecError as err:
         raise Wrong(str(err)) from None
     budget = memory_budget()
