@@ -179,6 +179,24 @@ def test_the_strategy_form_gives_html(strategy, mesh, batch, features):
     assert_result_or_one_sentence(page, "<table")
 
 
+RULES = st.one_of(
+    st.sampled_from(["DP", "FSDP x TP", "TP + SP"]),
+    st.dictionaries(
+        st.one_of(st.sampled_from(["batch", "embed", "heads", "seq"]), st.text(max_size=5)),
+        st.one_of(st.sampled_from(["data", "model", ("data", "model"), None]), ARGUMENT),
+        max_size=3,
+    ),
+    ARGUMENT,
+)
+
+
+@FORMS
+@given(RULES, st.one_of(st.sampled_from(["8", "4x2", "2x2x2", "3"]), ARGUMENT))
+def test_the_layout_form_gives_html(rules, mesh):
+    page = forms.render_transformer(rules, mesh)
+    assert_result_or_one_sentence(page, "<table")
+
+
 # The exercise checkers, given code that fails in every way a reader's can.
 
 
