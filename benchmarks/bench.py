@@ -140,6 +140,21 @@ def form_cases():
         forms.static_strategy_explorer,
         changes,
     )
+    # The layout form of chapter 13: showing it pre-renders every rules table on its meshes,
+    # compiling each step (the chapter hands its own steps over; here nothing is handed).
+    yield (
+        "layout form (render_transformer): rules table or mesh",
+        forms.render_transformer,
+        forms.static_transformer_explorer,
+        [
+            ("DP", "8"),
+            ("FSDP x TP", "4x2"),
+            ("FSDP x TP", "2x4"),
+            ("DP x FSDP x TP", "2x2x2"),
+            ("TP + SP", "8"),
+            ("TP", "8"),
+        ],
+    )
 
 
 def machine(start_load) -> str:
