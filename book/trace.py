@@ -90,11 +90,20 @@ class Trace:
         return sorted({op.program for op in self.ops})
 
     def runs(self, program: str) -> list[tuple[Op, ...]]:
-        """Each execution of ``program``, in the order they started: the ops of all devices."""
-        found: dict[str, list[Op]] = defaultdict(list)
+        """Each execution of ``program``, in the order they started: the ops of all devices.
+
+        Executions are told apart by their run id; where the trace records none (as read from
+        an accelerator's device processes), by the annotated step each op started in.
+        """
+        found: dict[object, list[Op]] = defaultdict(list)
         for op in self.ops:
-            if op.program == program:
-                found[op.run].append(op)
+            if op.program != program:
+                continue
+            key = op.run or next(
+                (s.number for s in self.steps if s.start <= op.start < s.end), None
+            )
+            if key is not None:
+                found[key].append(op)
         return sorted((tuple(ops) for ops in found.values()), key=lambda ops: ops[0].start)
 
 

@@ -107,6 +107,21 @@ def test_accelerator_processes_give_their_device_number(tmp_path):
     assert [(o.device, o.name) for o in found.ops] == [(3, "fusion.2")]
 
 
+def test_runs_without_run_ids_are_cut_at_the_annotated_steps(tmp_path):
+    step = {"ph": "X", "pid": 1, "tid": 1, "name": "train"}
+    events = [
+        {**step, "ts": 0.0, "dur": 10.0, "args": {"step_num": "0"}},
+        {**step, "ts": 10.0, "dur": 10.0, "args": {"step_num": "1"}},
+        {"ph": "M", "pid": 5, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 5, "tid": 2, "name": "thread_name", "args": {"name": "XLA Ops"}},
+        {"ph": "X", "pid": 5, "tid": 2, "ts": 2.0, "dur": 1.0, "name": "fusion"},
+        {"ph": "X", "pid": 5, "tid": 2, "ts": 12.0, "dur": 1.0, "name": "fusion"},
+        {"ph": "X", "pid": 5, "tid": 2, "ts": 30.0, "dur": 1.0, "name": "after"},
+    ]
+    found = trace.read(write_trace(tmp_path, events))
+    assert [[o.start for o in ops] for ops in found.runs("")] == [[2.0], [12.0]]
+
+
 def test_the_plain_trace_is_read_where_no_perfetto_file_was_asked_for(tmp_path):
     path = write_trace(tmp_path, [op("dot", 0, 1.0, 1.0)], name="host.trace.json.gz")
     assert trace.trace_file(tmp_path) == path
