@@ -335,6 +335,7 @@ def plan(
     compute_dtype: str = "bfloat16",
     optimizer: str = "adamw",
     remat: str = "full",
+    sequence_parallel: bool = False,
     gradient_reduce: str = "reduce-scatter",
 ) -> Plan:
     """Memory and communication per device of one training step of ``model`` in this layout.
@@ -351,6 +352,9 @@ def plan(
       (a forward pass more of FLOPs); ``"none"`` keeps everything the backward pass reads, as
       JAX differentiates chapter 13's block; both keep, outside the layers, four arrays of the
       residual stream and the logits;
+    - ``sequence_parallel`` splits the residual stream between sublayers by its sequence over
+      ``tp`` (chapter 13): the layers' inputs and the stream outside the layers are kept split,
+      and TP's all-reduces become all-gathers and reduce-scatters of the same bytes;
     - FSDP gathers each layer's weights once forward and once backward and reduces its
       gradients, per microbatch; ``gradient_reduce="all-reduce"`` counts an all-reduce where
       the textbook has a reduce-scatter (what XLA compiles for CPU devices);
@@ -376,6 +380,7 @@ def plan(
         optimizer, list(OPTIMIZER_MOMENTS), "an optimizer", error=SizingError
     )
     remat = validate.choice(remat, list(REMAT), "a remat policy", error=SizingError)
+    sequence_parallel = validate.flag(sequence_parallel, "sequence_parallel", error=SizingError)
     gradient_reduce = validate.choice(
         gradient_reduce, list(GRADIENT_REDUCE), "a gradient reduction", error=SizingError
     )
@@ -400,6 +405,7 @@ def plan(
         **dtypes,
         "optimizer": optimizer,
         "remat": remat,
+        "sequence_parallel": sequence_parallel,
         "gradient_reduce": gradient_reduce,
     }
     b = {k: DTYPE_BYTES[v] for k, v in dtypes.items()}
@@ -421,7 +427,9 @@ def plan(
         "grads": held * b["grad_dtype"],
         "optimizer": OPTIMIZER_MOMENTS[optimizer] * held * b["moment_dtype"]
         + (4 if optimizer == "adamw" else 0),
-        "activations": _activations(model, layout, local_layers, micro_tokens, seq, act, remat),
+        "activations": _activations(
+            model, layout, local_layers, micro_tokens, seq, act, remat, sequence_parallel
+        ),
     }
     if layout["pp"] > 1:  # the schedule holds every microbatch's activations (GPipe's memory)
         memory["activations"] *= microbatches
@@ -447,28 +455,20 @@ def plan(
     no_fsdp = {**layout, "fsdp": 1}
     layer_tp = sum(_held(*a, no_fsdp) for n, a in arrays.items() if n.startswith("layer."))
     ends_tp = sum(_held(*a, no_fsdp) for n, a in arrays.items() if not n.startswith("layer."))
-    for what, elements, count in (
-        ("a layer's weights", layer_tp, local_layers),
-        ("embedding, unembedding, final norm", ends_tp, 1),
+    for what, elements, count, inside in (
+        ("a layer's weights", layer_tp, local_layers, True),
+        ("embedding, unembedding, final norm", ends_tp, 1, False),
     ):
-        add("fsdp", "all-gather", what, elements * b["param_dtype"], 2 * count * microbatches)
-        add(
-            "fsdp",
-            gradient_reduce,
-            what + ": gradients",
-            elements * b["grad_dtype"],
-            count * microbatches,
-        )
-    # DP: every gradient a device holds, all-reduced once a step.
-    add("dp", "all-reduce", "gradients", held * b["grad_dtype"], 1, False)
+        gathered, reduced = elements * b["param_dtype"], elements * b["grad_dtype"]
+        add("fsdp", "all-gather", what, gathered, 2 * count * microbatches, inside)
+        add("fsdp", gradient_reduce, f"{what}: gradients", reduced, count * microbatches, inside)
+    # DP: every gradient a device holds, all-reduced once a step, layer by layer.
+    ends_held = held - local_layers * per_layer
+    add("dp", "all-reduce", "a layer's gradients", per_layer * b["grad_dtype"], local_layers)
+    add("dp", "all-reduce", "the ends' gradients", ends_held * b["grad_dtype"], 1, False)
     # PP: a microbatch's activations forward and their gradients back, at every schedule step.
-    add(
-        "pp",
-        "collective-permute",
-        "activations and their gradients",
-        stream,
-        2 * (microbatches + layout["pp"] - 1),
-    )
+    steps = microbatches + layout["pp"] - 1
+    add("pp", "collective-permute", "activations and their gradients", stream, 2 * steps, False)
     comm = dict.fromkeys(KINDS, 0.0)
     for c in collectives:
         comm[c.kind] += c.sent * c.count
@@ -485,23 +485,26 @@ def plan(
     )
 
 
-def _activations(m, layout, layers, tokens, seq, act, remat) -> int:
+def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     """Bytes one device keeps from the forward pass for the backward pass.
 
     Per layer under full remat, the layer's input (the residual stream, whole on every TP
-    device). Without remat, what JAX keeps from chapter 13's block, per token: six arrays of
-    the stream and four numbers of its norms, Q and the attention's context (heads), K and V,
-    the attention's scores and weights (``heads x seq``, split by TP) and two statistics per
-    head, and five arrays of the MLP's hidden units. Outside the layers, four arrays of the
-    stream and the logits (in the compute dtype; the loss's float32 copy is transient).
+    device, or split by sequence parallelism). Without remat, what JAX keeps from chapter
+    13's block, per token: six arrays of the stream and four numbers of its norms, Q and the
+    attention's context (heads), K and V, the attention's scores and weights (``heads x
+    seq``, split by TP) and two statistics per head, and five arrays of the MLP's hidden
+    units. Outside the layers, four arrays of the stream (split by sequence parallelism) and
+    the logits (in the compute dtype; the loss's
+    float32 copy is transient). Sequence parallelism leaves the count without remat as it is.
     """
     tp = layout["tp"]
     d, dh = m.d_model, m.head_dim
+    stream = math.ceil(d / tp) if sp else d
     heads, kv, ff = (math.ceil(x / tp) for x in (m.heads, m.kv_heads, m.d_ff))
     if remat == "full":
-        per_token = d * act
+        per_token = stream * act
     else:
         attention = 2 * heads * dh + 2 * kv * dh + 2 * heads * seq + 2 * heads
         per_token = (6 * d + 4 + attention + 5 * ff) * act
     vocab = math.ceil(m.vocab / tp)
-    return tokens * (layers * per_token + (4 * d + vocab) * act)
+    return tokens * (layers * per_token + (4 * stream + vocab) * act)

@@ -36,6 +36,7 @@ FORM_PAGES = (
     "05_shard_map_and_collectives",
     "09_tensor_parallelism",
     "13_transformer_3d",
+    "18_planning_a_real_run",
 )
 
 book.devices.setup(8)

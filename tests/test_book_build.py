@@ -101,6 +101,7 @@ RESULTS = {
         "traced again: 1 time",
         "two from the table: traced 1 time",
     ],
+    "18_planning_a_real_run": ["4 layouts compiled and planned: every check holds"],
 }
 
 # Errors the chapters provoke on purpose, caught and explained on the page.
@@ -112,6 +113,11 @@ CAUGHT = {
     "12_performance": ["MiB per device and per ring link for S = 1 MiB"],
     # the layout form's render_transformer, called with a mesh of too few axes
     "13_transformer_3d": ["rules name 3 mesh axes, data, fsdp, model, but the mesh 4x2 has 2"],
+    # book.sizing refusing a plan, and a shape, in one sentence each
+    "18_planning_a_real_run": [
+        "does not split evenly over dp x fsdp x microbatches",
+        "choose kv_heads that divides heads",
+    ],
 }
 
 COLLECTIVE_TITLES = [
@@ -147,6 +153,12 @@ TABLES = {
     ],
     # the collectives, device 0's instructions, the compile log, the cache's two processes
     "17_profiling": [("<table class='bk-table'>", 4), "<td>reduce-scatter</td>"],
+    # presets, state, activations, bytes per axis, chips, 2 memory, 2 bounds, published
+    "18_planning_a_real_run": [
+        ("<table class='bk-table'>", 10),
+        "Bytes per device, compiled and calculated: equal in every layout",
+        "quoted, then calculated",
+    ],
 }
 
 

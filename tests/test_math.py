@@ -29,6 +29,7 @@ WITH_MATH = (
     "14_pipeline_parallelism",
     "15_experts_and_long_sequences",
     "17_profiling",
+    "18_planning_a_real_run",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
 

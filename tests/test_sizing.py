@@ -113,3 +113,30 @@ def test_refusals_are_one_sentence(call):
     message = str(err.value)
     assert message.endswith(".") and "\n" not in message and len(message) < 300
     assert math.isfinite(len(message))
+
+
+# The chapter's comparison with compiled programs (book.lessons.planning.check_layout asserts
+# it): FSDP x TP here, the quickest to compile, the chapter's other layouts marked slow.
+def _check_against_compiled(name, mesh_shape):
+    import numpy as np
+
+    from book.lessons import planning
+    from book.lessons.transformer import Config
+
+    cfg = Config()
+    rng = np.random.default_rng(0)
+    sequences = rng.integers(0, cfg.vocab, (16, 17)).astype(np.int32)
+    tokens, targets = sequences[:, :-1], sequences[:, 1:]
+    degrees, got, plans = planning.check_layout(cfg, name, mesh_shape, tokens, targets)
+    for kind in degrees:
+        assert got["loops"][kind] == pytest.approx(planning.in_layers(plans["full"], kind))
+
+
+def test_the_plan_equals_the_compiled_fsdp_x_tp_step():
+    _check_against_compiled("FSDP x TP", (4, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["DP", "FSDP", "TP"])
+def test_the_plan_equals_the_compiled_step(name):
+    _check_against_compiled(name, (8,))

@@ -21,6 +21,7 @@ LESSONS = {  # chapter notebook (without .ipynb) -> module under book/lessons/
     "09_tensor_parallelism": "tensor_parallel",
     "13_transformer_3d": "transformer",
     "14_pipeline_parallelism": "pipeline",
+    "18_planning_a_real_run": "planning",
 }
 TAG = "export"
 

@@ -1,0 +1,94 @@
+"""Checkers for chapter 18: planning a run with ``book.sizing``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from book.exercises.core import Wrong, answered, checker, need
+
+# Exercise 18.1: Llama 3 8B on H100s, FSDP only, this batch.
+_FIT = {"global_batch": 512, "seq": 4096}
+_FIT_DEGREES = tuple(2**k for k in range(10))  # 1 to 512: every degree the batch allows
+# Exercise 18.2: the cases a reader's function is called with: (model, tp, global batch, seq).
+_TP_CASES = (
+    ("Llama 3 8B", 8, 64, 4096),
+    ("Llama 3 70B", 4, 32, 8192),
+    ("Llama 3 70B", 2, 8, 2048),
+)
+
+
+def _fits(fsdp: int) -> bool:
+    from book import sizing
+
+    p = sizing.plan(sizing.PRESETS["Llama 3 8B"], fsdp=fsdp, **_FIT)
+    return p.memory["total"] <= sizing.HARDWARE["H100"].hbm_bytes
+
+
+@checker
+def ch18_smallest_fsdp(fsdp):
+    """Exercise 18.1: the smallest power-of-two FSDP degree at which Llama 3 8B fits an H100."""
+    from book import sizing
+
+    answered(fsdp, "set fsdp to a whole number of devices")
+    need(
+        isinstance(fsdp, (int, np.integer)) and not isinstance(fsdp, bool),
+        f"fsdp is a {type(fsdp).__name__}; give a whole number such as 64.",
+    )
+    need(
+        int(fsdp) in _FIT_DEGREES,
+        f"fsdp={fsdp} is not a power of two up to 512 that splits the batch of 512 sequences.",
+    )
+    smallest = next(k for k in _FIT_DEGREES if _fits(k))
+    gib = sizing.plan(sizing.PRESETS["Llama 3 8B"], fsdp=int(fsdp), **_FIT).memory["total"]
+    need(
+        _fits(int(fsdp)),
+        f"Not {fsdp}: the plan needs {gib / 2**30:.1f} GiB per device there, more than an "
+        "H100's 80 GB; look at which part of the memory shrinks as fsdp grows.",
+    )
+    need(
+        int(fsdp) == smallest,
+        f"Not {fsdp}: it fits, but so does fsdp={int(fsdp) // 2}; find the smallest.",
+    )
+    return (
+        f"fsdp={smallest}: {gib / 2**30:.1f} GiB per device, most of it activations, which "
+        "shrink with the sequences each device holds."
+    )
+
+
+@checker
+def ch18_tp_bytes(tp_bytes):
+    """Exercise 18.2: a function giving the bytes each device sends over ``tp`` per step."""
+    from book import sizing
+
+    answered(tp_bytes, "define tp_bytes(model, tp, global_batch, seq)")
+    need(callable(tp_bytes), "tp_bytes must be a function of (model, tp, global_batch, seq).")
+    name, tp, batch, seq = _TP_CASES[0]
+    answered(tp_bytes(sizing.PRESETS[name], tp, batch, seq), "tp_bytes returns None")
+    for name, tp, batch, seq in _TP_CASES:
+        model = sizing.PRESETS[name]
+        want = sizing.plan(model, tp=tp, global_batch=batch, seq=seq).comm["tp"]
+        try:
+            got = float(tp_bytes(model, tp, batch, seq))
+        except Wrong:
+            raise
+        except (TypeError, ValueError, OverflowError) as err:
+            raise Wrong(f"tp_bytes({name}, tp={tp}, ...) did not give a number: {err}.") from err
+        stream = batch * seq * model.d_model * 2
+        need(math.isfinite(got), f"tp_bytes gave {got} for {name}; return a finite number.")
+        if abs(got - want) > 1e-6 * want:
+            hints = {
+                4 * model.layers * stream: "the all-reduces send 2(n-1)/n of the stream each",
+                4 * model.layers * stream * 2 * (tp - 1) / tp: "the embedding and the "
+                "unembedding all-reduce the stream once each too",
+                (4 * model.layers + 2) * stream * 4 * (tp - 1) / tp: "activations are "
+                "bfloat16, 2 bytes a number",
+            }
+            hint = next(
+                (why for value, why in hints.items() if abs(got - value) <= 1e-6 * value),
+                "count 4 all-reduces of the stream per layer and 2 more, each sending "
+                "2(n-1)/n of it (book.cost.all_reduce_bytes)",
+            )
+            raise Wrong(f"For {name} with tp={tp}: {got:,.0f} bytes, not {want:,.0f}: {hint}.")
+    return "tp_bytes agrees with book.sizing.plan on every case tried."

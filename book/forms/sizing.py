@@ -1,0 +1,170 @@
+"""The sizing form (chapter 18): memory per device and a step's bound for a published model.
+
+A reader picks a model, a chip, a layout and how many chips, and types a batch and a sequence
+length; ``render_sizing`` shows what ``book.sizing.plan`` counts for them and the bound
+``Plan.seconds`` gives on that chip. Nothing is compiled, so the static twin pre-renders every
+model, chip, layout and chip count for the online book at the default batch.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from book import display, sizing, static_forms, validate
+
+SIZING_DEFAULTS = {"global_batch": 1024, "seq": 4096}
+CHIP_COUNTS = ("128", "256", "512", "1024")
+LAYOUTS = {  # name -> (how it splits the chips, keyword arguments beside the degrees)
+    "FSDP": "fsdp over all chips",
+    "DP x FSDP": "dp=4 (four slices or groups), fsdp over the rest",
+    "FSDP x TP": "tp=8 (one TP group per 8 chips), fsdp over the rest",
+    "FSDP x TP, SP": "as FSDP x TP, with sequence parallelism",
+    "FSDP x TP x PP": "pp=4 stages of tp=8, fsdp over the rest, 8 microbatches",
+}
+_GIB = 2**30
+_DEFAULTS = tuple(SIZING_DEFAULTS.values())
+
+
+def layout_degrees(layout: str, chips: int) -> dict:
+    """The ``plan`` keywords of a named layout on ``chips`` chips."""
+    layout = validate.choice(layout, list(LAYOUTS), "a layout", error=sizing.SizingError)
+    inner = {"FSDP": 1, "DP x FSDP": 4, "FSDP x TP": 8, "FSDP x TP, SP": 8, "FSDP x TP x PP": 32}
+    if chips % inner[layout]:
+        raise sizing.SizingError(
+            f"{layout} needs a multiple of {inner[layout]} chips, not {chips}; choose another "
+            "chip count."
+        )
+    rest = chips // inner[layout]
+    return {
+        "FSDP": {"fsdp": rest},
+        "DP x FSDP": {"dp": 4, "fsdp": rest},
+        "FSDP x TP": {"fsdp": rest, "tp": 8},
+        "FSDP x TP, SP": {"fsdp": rest, "tp": 8, "sequence_parallel": True},
+        "FSDP x TP x PP": {"fsdp": rest, "tp": 8, "pp": 4, "microbatches": 8},
+    }[layout]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One valid choice of the form: a model, a chip, a layout's keywords, batch and length."""
+
+    model: str
+    hardware: str
+    layout: str
+    chips: int
+    degrees: tuple
+    global_batch: int
+    seq: int
+
+
+def check_sizing(model, hardware, layout, chips, global_batch, seq) -> Choice:
+    """The ``Choice`` for what a reader picked and typed, or ``SizingError`` in one sentence."""
+    error = sizing.SizingError
+    model = validate.choice(model, list(sizing.PRESETS), "a model", error=error)
+    hardware = validate.choice(hardware, list(sizing.HARDWARE), "a chip", error=error)
+    chips = validate.whole(
+        chips, "The chip count", high=validate.MAX_DEVICES, text=True, error=error
+    )
+    degrees = layout_degrees(layout, chips)
+    numbers = [
+        validate.whole(value, name, text=True, example=SIZING_DEFAULTS[key], error=error)
+        for value, name, key in (
+            (global_batch, "The global batch", "global_batch"),
+            (seq, "The sequence length", "seq"),
+        )
+    ]
+    return Choice(model, hardware, layout, chips, tuple(degrees.items()), *numbers)
+
+
+def render_sizing(
+    model: str,
+    hardware: str,
+    layout: str,
+    chips,
+    global_batch=SIZING_DEFAULTS["global_batch"],
+    seq=SIZING_DEFAULTS["seq"],
+) -> str:
+    """HTML for one choice: memory per device against the chip's, and the step's bound."""
+    return display.styled(_answer(model, hardware, layout, chips, global_batch, seq))
+
+
+def _answer(*typed) -> str:
+    try:
+        c = check_sizing(*typed)
+        p = sizing.plan(
+            sizing.PRESETS[c.model], global_batch=c.global_batch, seq=c.seq, **dict(c.degrees)
+        )
+    except sizing.SizingError as err:
+        return display.error_html(str(err))
+    return _body(c, p, sizing.HARDWARE[c.hardware])
+
+
+def _body(c: Choice, p: sizing.Plan, hw: sizing.Hardware) -> str:
+    s = p.seconds(hw)
+    degrees = ", ".join(f"{k}={v}" for k, v in c.degrees if k in sizing.KINDS)
+    fits = p.memory["total"] <= hw.hbm_bytes
+    head = (
+        f"<div class='bk-viz'><b>{html.escape(c.model)} on {c.chips:,} {html.escape(hw.name)} "
+        f"chips, {html.escape(c.layout)} ({html.escape(degrees)})</b>: {c.global_batch:,} "
+        f"sequences of {c.seq:,} tokens per step. "
+        f"{'Fits' if fits else 'Does not fit'} in {hw.hbm_bytes / _GIB:.0f} GiB of HBM.</div>"
+    )
+    memory = display.table(
+        ["params", "grads", "optimizer", "activations", "total", "HBM"],
+        [[f"{p.memory[k] / _GIB:.1f}" for k in (*p.memory,)] + [f"{hw.hbm_bytes / _GIB:.0f}"]],
+        title="GiB per device (book.sizing.plan)",
+    )
+    comm = [f"{s.comm[k]:.2f} ({s.links[k]})" if p.layout[k] > 1 else "" for k in sizing.KINDS]
+    tokens = c.global_batch * c.seq / (c.chips * s.bound)
+    times = display.table(
+        ["compute", *sizing.KINDS, "bound", "MFU at most", "tokens/s per chip"],
+        [[f"{s.compute:.2f}", *comm, f"{s.bound:.2f}", f"{s.mfu:.0%}", f"{tokens:,.0f}"]],
+        title="Seconds per step at peak FLOP/s and link bandwidth (published figures)",
+    )
+    return head + memory.html + times.html
+
+
+def static_sizing_explorer() -> str:
+    """The sizing form without a kernel: every model, chip, layout and count pre-rendered."""
+    return display.styled(
+        static_forms.static_form(
+            ("model", list(sizing.PRESETS)),
+            lambda _: [
+                ("chip", list(sizing.HARDWARE)),
+                ("layout", list(LAYOUTS)),
+                ("chips", list(CHIP_COUNTS)),
+            ],
+            lambda model, hw, layout, chips: _answer(model, hw, layout, chips, *_DEFAULTS),
+            note="1,024 sequences of 4,096 tokens per step. Run the notebook to change them.",
+        )
+    )
+
+
+def sizing_explorer() -> static_forms.Form:
+    """The sizing form: a kernel shows the live widget, the online book its static twin."""
+    return static_forms.Form(_widget(), static_sizing_explorer())
+
+
+def _widget():
+    """The live ipywidgets form around ``render_sizing``: every change answers at once."""
+    import ipywidgets as w
+
+    boxes = {
+        "model": w.Dropdown(options=list(sizing.PRESETS), description="model"),
+        "hardware": w.Dropdown(options=list(sizing.HARDWARE), description="chip"),
+        "layout": w.Dropdown(options=list(LAYOUTS), description="layout"),
+        "chips": w.Dropdown(options=list(CHIP_COUNTS), value="256", description="chips"),
+        "global_batch": w.Text(value=str(SIZING_DEFAULTS["global_batch"]), description="batch"),
+        "seq": w.Text(value=str(SIZING_DEFAULTS["seq"]), description="seq"),
+    }
+    out = w.HTML()
+
+    def update(*_):
+        out.value = render_sizing(*(box.value for box in boxes.values()))
+
+    for box in boxes.values():
+        box.observe(update, names="value")
+    update()
+    items = list(boxes.values())
+    return w.VBox([w.HBox(items[:3]), w.HBox(items[3:]), out])

@@ -1,0 +1,45 @@
+"""Chapter 18's checkers: they accept the worked solutions and name the usual mistakes."""
+
+from book import cost, exercises, sizing
+
+
+def rejected(verdict, words):
+    assert not verdict.ok and words in verdict.message, verdict.message
+
+
+def tp_bytes(model, tp, global_batch, seq):
+    stream = global_batch * seq * model.d_model * 2
+    return (4 * model.layers + 2) * cost.all_reduce_bytes(stream, tp)
+
+
+def test_smallest_fsdp():
+    h100 = sizing.HARDWARE["H100"].hbm_bytes
+    llama = sizing.PRESETS["Llama 3 8B"]
+    smallest = next(
+        k
+        for k in (2**i for i in range(10))
+        if sizing.plan(llama, fsdp=k, global_batch=512, seq=4096).memory["total"] <= h100
+    )
+    assert exercises.ch18_smallest_fsdp(smallest).ok
+    rejected(exercises.ch18_smallest_fsdp(None), "Not answered yet")
+    rejected(exercises.ch18_smallest_fsdp(smallest // 2), "more than an H100's 80 GB")
+    rejected(exercises.ch18_smallest_fsdp(smallest * 2), "find the smallest")
+    rejected(exercises.ch18_smallest_fsdp(3), "not a power of two")
+    rejected(exercises.ch18_smallest_fsdp(32.0), "give a whole number")
+    rejected(exercises.ch18_smallest_fsdp(True), "give a whole number")
+
+
+def test_tp_bytes():
+    assert exercises.ch18_tp_bytes(tp_bytes).ok
+    rejected(exercises.ch18_tp_bytes(None), "Not answered yet")
+    rejected(exercises.ch18_tp_bytes(lambda *args: None), "Not answered yet")
+    rejected(exercises.ch18_tp_bytes(42), "must be a function")
+
+    def layers_only(model, tp, global_batch, seq):
+        stream = global_batch * seq * model.d_model * 2
+        return 4 * model.layers * cost.all_reduce_bytes(stream, tp)
+
+    rejected(exercises.ch18_tp_bytes(layers_only), "the embedding and the unembedding")
+    rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: 2 * tp_bytes(m, t, b, s)), "bfloat16")
+    rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: 1 / 0), "ZeroDivisionError")
+    rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: "many"), "did not give a number")

@@ -1,0 +1,73 @@
+"""The sizing form: a pure function of the reader's choices, a static twin, and widgets."""
+
+import json
+import re
+
+import pytest
+
+from book.forms import sizing as form
+
+
+def test_render_shows_memory_and_the_bound():
+    page = form.render_sizing("Llama 3 70B", "TPU v5p", "FSDP x TP, SP", "1024")
+    assert "Llama 3 70B on 1,024 TPU v5p chips, FSDP x TP, SP (fsdp=128, tp=8)" in page
+    assert "Fits in 95 GiB of HBM" in page
+    assert "GiB per device" in page and "MFU at most" in page
+    assert "(ICI)" in page and "bk-viz bk-error" not in page
+
+
+def test_a_layout_too_large_for_the_chip_says_so():
+    page = form.render_sizing("Llama 3 70B", "TPU v6e", "FSDP x TP", "256")
+    assert "Does not fit in 30 GiB of HBM" in page
+
+
+@pytest.mark.parametrize(
+    "args, sentence",
+    [
+        (("Llama 3 9B", "H100", "FSDP", "256"), "is not a model here"),
+        (("Llama 3 8B", "TPU v9", "FSDP", "256"), "is not a chip here"),
+        (("Llama 3 8B", "H100", "ZeRO", "256"), "is not a layout here"),
+        (("Llama 3 8B", "H100", "FSDP x TP", "12"), "needs a multiple of 8 chips"),
+        (("Llama 3 8B", "H100", "FSDP", "eight"), "positive whole number"),
+        (("Llama 3 8B", "H100", "FSDP", "99999"), "too large"),
+        (("Llama 3 8B", "H100", "FSDP", "256", "1000"), "does not split evenly"),
+        (("Llama 3 8B", "H100", "FSDP", "256", 1024, "0"), "positive whole number"),
+    ],
+)
+def test_bad_choices_give_one_sentence(args, sentence):
+    page = form.render_sizing(*args)
+    assert "bk-viz bk-error" in page and sentence in page.replace("&#x27;", "'")
+    assert "<table" not in page
+
+
+def test_static_twin_offers_every_choice():
+    page = form.static_sizing_explorer()
+    data = json.loads(re.search(r"class='bk-data'>(.*?)</script>", page).group(1))
+    assert set(data["rest"]) == {"Llama 3 8B", "Llama 3 70B"}
+    keys = {
+        f"{m}|{hw}|{lay}|{n}"
+        for m in ("Llama 3 8B", "Llama 3 70B")
+        for hw in ("TPU v5e", "TPU v5p", "TPU v6e", "H100", "H200")
+        for lay in form.LAYOUTS
+        for n in form.CHIP_COUNTS
+    }
+    assert set(data["keys"]) == keys
+    assert not any("bk-viz bk-error" in view for view in data["views"])
+
+
+def test_widget_follows_the_choices(monkeypatch):
+    monkeypatch.setattr(form, "static_sizing_explorer", lambda: "<p>twin</p>")
+    shown = form.sizing_explorer()
+    assert shown.static_html == "<p>twin</p>"
+    first, second, out = shown.widget.children
+    model, chip, layout = first.children
+    chips, batch, seq = second.children
+    assert "Llama 3 8B on 256 TPU v5e chips, FSDP (fsdp=256)" in out.value
+    chip.value = "H100"
+    layout.value = "FSDP x TP"
+    assert "on 256 H100 chips, FSDP x TP (fsdp=32, tp=8)" in out.value
+    batch.value = "100"
+    assert "does not split evenly" in out.value
+    batch.value = "512"
+    seq.value = "8192"
+    assert "512 sequences of 8,192 tokens" in out.value
