@@ -178,7 +178,8 @@ class Hardware:
     source: str
 
 
-def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_bits):
+def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits):
+    """A TPU: its ICI shared by its ports, its slice's DCN bandwidth shared by its chips."""
     ici = Link(
         "ICI",
         ici_total / ports,  # an axis's ring uses two of the ports, one way each
@@ -188,9 +189,10 @@ def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_bits):
     )
     dcn = Link(
         "DCN",
-        dcn_bits / 8,
+        dcn_per_pod_bits / 8 / domain,
         1e-5,
-        f"{page} (data-center network per chip); hop latency assumed (10 µs), not published",
+        f"{page} (data-center network bandwidth, per chip of a {domain}-chip slice); hop "
+        "latency assumed (10 µs), not published",
     )
     return Hardware(name, tflops * 1e12, hbm, ici, dcn, domain, page)
 
@@ -207,8 +209,9 @@ def _gpu(name, page, hbm):
         "InfiniBand",
         400e9 / 8,  # one 400 Gb/s NDR adapter per GPU, as in NVIDIA's DGX H100 and H200
         5e-6,
-        "https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html "
-        "(one 400 Gb/s ConnectX-7 per GPU); hop latency assumed (5 µs), not published",
+        "https://docs.nvidia.com/dgx-basepod/reference-architecture-infrastructure-"
+        "foundation-enterprise-ai/latest/core-components.html (DGX H100 and H200: eight "
+        "400 Gb/s ConnectX-7 for eight GPUs); hop latency assumed (5 µs), not published",
     )
     return Hardware(name, 989e12, hbm, nvlink, infiniband, 8, page)
 
@@ -217,7 +220,7 @@ def _gpu(name, page, hbm):
 # link kind, the bytes per second one chip sends along one mesh axis and a hop's latency.
 HARDWARE = {
     "TPU v5e": _tpu(
-        "TPU v5e", "https://cloud.google.com/tpu/docs/v5e", 197, 16e9, 400e9, 4, 256, 25e9
+        "TPU v5e", "https://cloud.google.com/tpu/docs/v5e", 197, 16e9, 400e9, 4, 256, 6.4e12
     ),
     "TPU v5p": _tpu(
         "TPU v5p",
@@ -227,10 +230,10 @@ HARDWARE = {
         1200e9,
         6,
         6144,
-        50e9,
+        6144 * 50e9,  # 50 Gb/s per chip
     ),
     "TPU v6e": _tpu(
-        "TPU v6e", "https://cloud.google.com/tpu/docs/v6e", 918, 32e9, 800e9, 4, 256, 100e9
+        "TPU v6e", "https://cloud.google.com/tpu/docs/v6e", 918, 32e9, 800e9, 4, 256, 25.6e12
     ),
     "H100": _gpu("H100", "https://www.nvidia.com/en-us/data-center/h100/", 80e9),
     "H200": _gpu("H200", "https://www.nvidia.com/en-us/data-center/h200/", 141e9),
@@ -362,8 +365,10 @@ def plan(
       backward) and twice more for the embedding and the unembedding;
     - PP runs chapter 14's schedule: ``microbatches + pp - 1`` steps, at each of which every
       stage sends a microbatch's activations forward and, in the backward pass, their
-      gradients back; stages hold ``layers / pp`` layers, and the embedding and unembedding
-      are counted on every stage (the larger of the two ends).
+      gradients back; each stage holds ``layers / pp`` layers and, as in chapter 14, the
+      embedding, final norm and unembedding, whose gradients are all-reduced over ``pp``;
+      the stages keep every microbatch's activations until its backward pass (GPipe's
+      order, chapter 14's scan).
     """
     _check_model(model)
     layout = {k: _whole(v, k) for k, v in zip(KINDS, (dp, fsdp, tp, pp))}
@@ -413,9 +418,7 @@ def plan(
     local_layers = model.layers // layout["pp"]
     per_layer = sum(_held(*a, layout) for n, a in arrays.items() if n.startswith("layer."))
     ends = {n: _held(*a, layout) for n, a in arrays.items() if not n.startswith("layer.")}
-    held = local_layers * per_layer + sum(ends.values())
-    if layout["pp"] > 1:  # each end on its own stage: the larger one
-        held = local_layers * per_layer + max(ends["embed"], ends["final_norm"] + ends["unembed"])
+    held = local_layers * per_layer + sum(ends.values())  # PP: the ends on every stage
 
     # Per device and step: its sequences, and one microbatch of them.
     tokens = global_batch // (layout["dp"] * layout["fsdp"]) * seq
@@ -469,6 +472,8 @@ def plan(
     # PP: a microbatch's activations forward and their gradients back, at every schedule step.
     steps = microbatches + layout["pp"] - 1
     add("pp", "collective-permute", "activations and their gradients", stream, 2 * steps, False)
+    ends_grads = sum(ends.values()) * b["grad_dtype"]  # the ends, replicated over stages
+    add("pp", "all-reduce", "the ends' gradients", ends_grads, 1, False)
     comm = dict.fromkeys(KINDS, 0.0)
     for c in collectives:
         comm[c.kind] += c.sent * c.count

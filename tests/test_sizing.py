@@ -56,7 +56,10 @@ def test_tp_bytes_grow_with_the_batch_and_dp_bytes_do_not():
 def test_pipeline_sends_every_schedule_step():
     p = sizing.plan(LLAMA_70B, pp=4, global_batch=32, seq=4096, microbatches=8)
     stream = 32 // 8 * 4096 * LLAMA_70B.d_model * 2
-    assert p.comm["pp"] == 2 * (8 + 4 - 1) * stream
+    sent = {c.op: c.sent * c.count for c in p.collectives if c.kind == "pp"}
+    assert sent["collective-permute"] == 2 * (8 + 4 - 1) * stream
+    ends = 2 * LLAMA_70B.vocab * LLAMA_70B.d_model + LLAMA_70B.d_model
+    assert sent["all-reduce"] == cost.all_reduce_bytes(4 * ends, 4)  # replicated ends
     assert (
         p.memory["params"] < sizing.plan(LLAMA_70B, global_batch=32, seq=4096).memory["params"] / 3
     )

@@ -11,14 +11,14 @@ from book.forms import sizing as form
 def test_render_shows_memory_and_the_bound():
     page = form.render_sizing("Llama 3 70B", "TPU v5p", "FSDP x TP, SP", "1024")
     assert "Llama 3 70B on 1,024 TPU v5p chips, FSDP x TP, SP (fsdp=128, tp=8)" in page
-    assert "Fits in 95 GiB of HBM" in page
+    assert "Fits in its 102 GB of HBM (95.0 GiB)" in page
     assert "GiB per device" in page and "MFU at most" in page
     assert "(ICI)" in page and "bk-viz bk-error" not in page
 
 
 def test_a_layout_too_large_for_the_chip_says_so():
     page = form.render_sizing("Llama 3 70B", "TPU v6e", "FSDP x TP", "256")
-    assert "Does not fit in 30 GiB of HBM" in page
+    assert "Does not fit in its 32 GB of HBM (29.8 GiB)" in page
 
 
 @pytest.mark.parametrize(

@@ -108,11 +108,12 @@ def _body(c: Choice, p: sizing.Plan, hw: sizing.Hardware) -> str:
         f"<div class='bk-viz'><b>{html.escape(c.model)} on {c.chips:,} {html.escape(hw.name)} "
         f"chips, {html.escape(c.layout)} ({html.escape(degrees)})</b>: {c.global_batch:,} "
         f"sequences of {c.seq:,} tokens per step. "
-        f"{'Fits' if fits else 'Does not fit'} in {hw.hbm_bytes / _GIB:.0f} GiB of HBM.</div>"
+        f"{'Fits' if fits else 'Does not fit'} in its {hw.hbm_bytes / 1e9:.0f} GB of HBM "
+        f"({hw.hbm_bytes / _GIB:.1f} GiB).</div>"
     )
     memory = display.table(
         ["params", "grads", "optimizer", "activations", "total", "HBM"],
-        [[f"{p.memory[k] / _GIB:.1f}" for k in (*p.memory,)] + [f"{hw.hbm_bytes / _GIB:.0f}"]],
+        [[f"{p.memory[k] / _GIB:.1f}" for k in (*p.memory,)] + [f"{hw.hbm_bytes / _GIB:.1f}"]],
         title="GiB per device (book.sizing.plan)",
     )
     comm = [f"{s.comm[k]:.2f} ({s.links[k]})" if p.layout[k] > 1 else "" for k in sizing.KINDS]
