@@ -197,6 +197,20 @@ def test_the_layout_form_gives_html(rules, mesh):
     assert_result_or_one_sentence(page, "<table")
 
 
+@FORMS
+@given(
+    st.one_of(st.sampled_from(["Llama 3 8B", "Llama 3 70B"]), ARGUMENT),
+    st.one_of(st.sampled_from(["TPU v5p", "H100"]), ARGUMENT),
+    st.one_of(st.sampled_from(["FSDP", "FSDP x TP x PP"]), ARGUMENT),
+    st.one_of(st.sampled_from(["256", "1024"]), ARGUMENT),
+    st.one_of(st.just(1024), ARGUMENT),
+    st.one_of(st.just("4096"), ARGUMENT),
+)
+def test_the_sizing_form_gives_html(model, chip, layout, chips, batch, seq):
+    page = forms.render_sizing(model, chip, layout, chips, batch, seq)
+    assert_result_or_one_sentence(page, "<table")
+
+
 # The exercise checkers, given code that fails in every way a reader's can.
 
 
