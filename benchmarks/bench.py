@@ -155,6 +155,20 @@ def form_cases():
             ("TP", "8"),
         ],
     )
+    # The sizing form of chapter 18: arithmetic only, nothing compiled.
+    yield (
+        "sizing form (render_sizing): model, chip, layout or chips",
+        forms.render_sizing,
+        forms.static_sizing_explorer,
+        [
+            ("Llama 3 8B", "TPU v5p", "FSDP", "256"),
+            ("Llama 3 70B", "TPU v5p", "FSDP", "256"),
+            ("Llama 3 70B", "H100", "FSDP", "256"),
+            ("Llama 3 70B", "H100", "FSDP x TP", "256"),
+            ("Llama 3 70B", "H100", "FSDP x TP x PP", "1024"),
+            ("Llama 3 70B", "H100", "FSDP x TP", "1024", "2048", "8192"),
+        ],
+    )
 
 
 def machine(start_load) -> str:
