@@ -198,6 +198,7 @@ def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits):
 
 
 def _gpu(name, page, hbm):
+    """An NVIDIA GPU on an 8-GPU HGX board: NVLink within it, InfiniBand beyond."""
     nvlink = Link(
         "NVLink",
         450e9,  # 900 GB/s both directions together; NVSwitch gives an axis all of it
@@ -314,8 +315,8 @@ class Plan:
         return Seconds(compute, comm, kinds, bound, compute + sum(comm.values()), mfu)
 
 
-def _whole(value, name, low=1):
-    return validate.whole(value, name, low=low, high=validate.MAX_SIZE, error=SizingError)
+def _whole(value, name):
+    return validate.whole(value, name, high=validate.MAX_SIZE, error=SizingError)
 
 
 def _dtype(value, name):
@@ -499,13 +500,14 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     attention's context (heads), K and V, the attention's scores and weights (``heads x
     seq``, split by TP) and two statistics per head, and five arrays of the MLP's hidden
     units. Outside the layers, four arrays of the stream (split by sequence parallelism) and
-    the logits (in the compute dtype; the loss's
-    float32 copy is transient). Sequence parallelism leaves the count without remat as it is.
+    the logits (in the compute dtype; the loss's float32 copy is transient). Within the
+    layers, sequence parallelism changes only what full remat keeps.
     """
     tp = layout["tp"]
     d, dh = m.d_model, m.head_dim
     stream = math.ceil(d / tp) if sp else d
-    heads, kv, ff = (math.ceil(x / tp) for x in (m.heads, m.kv_heads, m.d_ff))
+    kv, ff = math.ceil(m.kv_heads / tp), math.ceil(m.d_ff / tp)
+    heads = kv * (m.heads // m.kv_heads)  # TP splits the heads by K/V groups
     if remat == "full":
         per_token = stream * act
     else:
