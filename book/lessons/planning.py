@@ -69,6 +69,12 @@ def sent_by_kind(compiled, mesh):
     return step, loops
 
 
+def shard_bytes(shardings, arrays):
+    """Bytes one device holds of these arrays (shapes), from their shard shapes."""
+    pairs = zip(jax.tree.leaves(arrays), jax.tree.leaves(shardings), strict=True)
+    return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in pairs)
+
+
 def kept_bytes(cfg, layout, tokens, targets, policy):
     """Bytes per device the forward pass keeps for the backward pass (chapter 13)."""
 
@@ -83,13 +89,8 @@ def kept_bytes(cfg, layout, tokens, targets, policy):
     data = layout.sharding(("batch", None))
     fn = jax.jit(kept, in_shardings=(shardings, data, data))
     compiled = fn.lower(init_params(cfg), tokens, targets).compile(FAST)
-    return compiled.memory_analysis().output_size_in_bytes
-
-
-def shard_bytes(shardings, arrays):
-    """Bytes one device holds of these arrays (shapes), from their shard shapes."""
-    pairs = zip(jax.tree.leaves(arrays), jax.tree.leaves(shardings), strict=True)
-    return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in pairs)
+    kept_shapes = jax.eval_shape(kept, init_params(cfg), tokens, targets)
+    return shard_bytes(compiled.output_shardings, kept_shapes)
 
 
 def adamw_bytes(cfg, layout):
@@ -113,13 +114,15 @@ def measure(cfg, layout, tokens, targets):
     """What the compiled programs hold and send, per device, for one layout."""
     params = init_params(cfg)
     step = make_step(cfg, layout).lower(params, tokens, targets).compile(FAST)
-    data = 2 * layout.sharding(("batch", None)).shard_shape(tokens.shape)[0]
-    data *= tokens.shape[1] * tokens.dtype.itemsize  # tokens and targets
     sent, loops = sent_by_kind(step, layout.mesh)
     policy = {"full": jax.checkpoint_policies.nothing_saveable, "none": None}
+    # How the compiler reduces FSDP's gradients (CPU: an all-reduce, then a slice).
+    ops = {row.op for row in hlo.collectives(step)}
+    reduce = "reduce-scatter" if "reduce-scatter" in ops else "all-reduce"
     return {
         "step": step,
-        "params": step.memory_analysis().argument_size_in_bytes - data,
+        "gradient_reduce": reduce,
+        "params": shard_bytes(step.input_shardings[0][0], params),
         "grads": shard_bytes(step.output_shardings[2], params),  # shaped alike
         "optimizer": adamw_bytes(cfg, layout),
         "activations": {
@@ -131,8 +134,8 @@ def measure(cfg, layout, tokens, targets):
     }
 
 
-def planned(cfg, degrees, batch, seq, remat="full"):
-    """The calculator's plan of chapter 13's step: float32, CPU's FSDP all-reduce."""
+def planned(cfg, degrees, batch, seq, remat, gradient_reduce):
+    """The calculator's plan of chapter 13's step: float32, as that step computes."""
     return sizing.plan(
         small_model(cfg),
         **degrees,
@@ -140,7 +143,7 @@ def planned(cfg, degrees, batch, seq, remat="full"):
         seq=seq,
         compute_dtype="float32",
         remat=remat,
-        gradient_reduce="all-reduce",
+        gradient_reduce=gradient_reduce,
     )
 
 
@@ -174,7 +177,8 @@ def check_layout(cfg, name, mesh_shape, tokens, targets):
     layout, degrees = layout_for(name, mesh_shape)
     got = measure(cfg, layout, tokens, targets)
     plans = {
-        remat: planned(cfg, degrees, batch, seq, remat) for remat in ("full", "none")
+        remat: planned(cfg, degrees, batch, seq, remat, got["gradient_reduce"])
+        for remat in ("full", "none")
     }
     local = batch // (degrees.get("dp", 1) * degrees.get("fsdp", 1)) * seq
     for part in ("params", "grads", "optimizer"):  # the state: byte for byte
