@@ -96,6 +96,12 @@ RESULTS = {
         "resumed on 4 x 2",
         "resumed on 2 processes x 2 devices",
     ],
+    "13_transformer_3d": [
+        "every layout: loss and gradients equal to one device's",
+        "TP + SP: loss and gradients equal to one device's",
+        "as compiled here",
+        "4 all-reduces of the local stream, with or without remat",
+    ],
     "17_profiling": [
         "ran once on each of the 8 devices in each of the 3 steps",
         "traced again: 1 time",
@@ -203,6 +209,7 @@ PLOTS = {
     "14_pipeline_parallelism": 4,  # two schedules, the bubble against m, GPipe and 1F1B
     "15_experts_and_long_sequences": 2,  # drops per expert, and work per device on the ring
     "16_training_state": 1,  # float32 and bfloat16 loss curves
+    "13_transformer_3d": 3,  # memory against depth, bytes against size, the loss curve
     "17_profiling": 1,  # the timeline of one traced step, device by device
 }
 
