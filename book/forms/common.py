@@ -1,4 +1,5 @@
-"""What the forms share: the meshes they offer and build, and a short reason for a failure."""
+"""What the forms share: the meshes they offer and build, a first choice that sets the meshes
+offered, and a short reason for a failure."""
 
 from __future__ import annotations
 
@@ -44,3 +45,33 @@ def first_sentence(err) -> str:
         text = ""
     first = text.splitlines()[0] if text else type(err).__name__
     return first.split(". ")[0].rstrip(".")[:200]
+
+
+def choice_then_mesh(label: str, options: list[str], meshes_for, render):
+    """A widget of two dropdowns: a choice, then a mesh shape among those it allows.
+
+    ``meshes_for(choice)`` lists the mesh shapes offered for a choice (the first is shown when
+    the one picked before is not among them); ``render(choice, mesh)`` gives the HTML below.
+    """
+    import ipywidgets as w
+
+    choice_box = w.Dropdown(options=options, value=options[0], description=label)
+    mesh_box = w.Dropdown(description="mesh shape")
+    out = w.HTML()
+
+    def update(*_):
+        out.value = render(choice_box.value, mesh_box.value or "")
+
+    def on_choice(*_):
+        meshes = meshes_for(choice_box.value)
+        keep = mesh_box.value if mesh_box.value in meshes else meshes[0]
+        mesh_box.unobserve(update, names="value")
+        mesh_box.options = meshes
+        mesh_box.value = keep
+        mesh_box.observe(update, names="value")
+        update()
+
+    choice_box.observe(on_choice, names="value")
+    mesh_box.observe(update, names="value")
+    on_choice()
+    return w.VBox([w.HBox([choice_box, mesh_box]), out])

@@ -11,7 +11,7 @@ import html
 import math
 
 from book import display, specs, static_forms, validate
-from book.forms.common import first_sentence
+from book.forms.common import choice_then_mesh, first_sentence
 
 STRATEGY_EXPLAINED = {
     "DP": "Parameters replicated, batch split over data: one all-reduce averages the gradients.",
@@ -186,27 +186,12 @@ def _widget():
     and is cached, so every change answers at once. Other model sizes are for code cells
     (``render_strategy(..., batch=...)``), where waiting for a compile is expected.
     """
-    import ipywidgets as w
     import jax
 
     count = jax.device_count()
-    strategy_box = w.Dropdown(options=list(STRATEGY_EXPLAINED), value="DP", description="strategy")
-    mesh_box = w.Dropdown(description="mesh shape")
-    out = w.HTML()
-
-    def update(*_):
-        out.value = render_strategy(strategy_box.value, mesh_box.value or "")
-
-    def on_strategy(*_):
-        choices = strategy_mesh_choices(strategy_box.value, count)
-        keep = mesh_box.value if mesh_box.value in choices else choices[0]
-        mesh_box.unobserve(update, names="value")
-        mesh_box.options = choices
-        mesh_box.value = keep
-        mesh_box.observe(update, names="value")
-        update()
-
-    strategy_box.observe(on_strategy, names="value")
-    mesh_box.observe(update, names="value")
-    on_strategy()
-    return w.VBox([w.HBox([strategy_box, mesh_box]), out])
+    return choice_then_mesh(
+        "strategy",
+        list(STRATEGY_EXPLAINED),
+        lambda strategy: strategy_mesh_choices(strategy, count),
+        render_strategy,
+    )

@@ -12,7 +12,7 @@ import html
 import math
 
 from book import display, specs, static_forms
-from book.forms.common import first_sentence
+from book.forms.common import choice_then_mesh, first_sentence
 
 EXPLAINED = {
     "DP": "The batch split over data, every parameter whole on every device.",
@@ -149,27 +149,6 @@ def transformer_explorer(programs: dict | None = None) -> static_forms.Form:
 
 def _widget():
     """The live ipywidgets form around ``render_transformer``: each step compiles once."""
-    import ipywidgets as w
-
     from book.layouts import TABLES
 
-    table_box = w.Dropdown(options=list(TABLES), value="DP", description="rules")
-    mesh_box = w.Dropdown(description="mesh shape")
-    out = w.HTML()
-
-    def update(*_):
-        out.value = render_transformer(table_box.value, mesh_box.value or "")
-
-    def on_table(*_):
-        choices = mesh_choices(table_box.value)
-        keep = mesh_box.value if mesh_box.value in choices else choices[0]
-        mesh_box.unobserve(update, names="value")
-        mesh_box.options = choices
-        mesh_box.value = keep
-        mesh_box.observe(update, names="value")
-        update()
-
-    table_box.observe(on_table, names="value")
-    mesh_box.observe(update, names="value")
-    on_table()
-    return w.VBox([w.HBox([table_box, mesh_box]), out])
+    return choice_then_mesh("rules", list(TABLES), mesh_choices, render_transformer)
