@@ -211,6 +211,7 @@ PLOTS = {
     "16_training_state": 1,  # float32 and bfloat16 loss curves
     "13_transformer_3d": 3,  # memory against depth, bytes against size, the loss curve
     "17_profiling": 1,  # the timeline of one traced step, device by device
+    "18_planning_a_real_run": 1,  # a step's bound against the number of chips
 }
 
 
