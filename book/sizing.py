@@ -354,8 +354,9 @@ def plan(
       as ``microbatches`` (gradient accumulation, or the pipeline's microbatches);
     - ``remat="full"`` keeps each layer's input for the backward pass and recomputes the rest
       (a forward pass more of FLOPs); ``"none"`` keeps everything the backward pass reads, as
-      JAX differentiates chapter 13's block; both keep, outside the layers, four arrays of the
-      residual stream and the logits;
+      JAX differentiates chapter 13's block (a gated MLP is counted like its GELU MLP, an
+      estimate); both keep, outside the layers, four arrays of the residual stream and the
+      logits;
     - ``sequence_parallel`` splits the residual stream between sublayers by its sequence over
       ``tp`` (chapter 13): the layers' inputs and the stream outside the layers are kept split,
       and TP's all-reduces become all-gathers and reduce-scatters of the same bytes;
