@@ -102,9 +102,11 @@ def ch17_collective_share(collective_share, ops, kinds):
 def ch17_as_rate(as_rate):
     """Exercise 17.2: learning rates of every kind passed as one type, so one program.
 
-    A Python float, NumPy float64 and float32 scalars, a strong float32 JAX array and a weak
-    one (what an optax schedule returns) go through ``as_rate`` into a jitted update that
-    counts its traces: one trace, and each rate's value kept to float32 precision.
+    A Python float (what optax's ``constant_schedule`` returns), NumPy float64 and float32
+    scalars, a strong float32 JAX array (what optax 0.2.8's ``linear_schedule`` returns for an
+    int32 step count) and a weak one (what its ``cosine_decay_schedule`` returns) go through
+    ``as_rate`` into a jitted update that counts its traces: one trace, and each rate's value
+    kept to float32 precision.
     """
     import jax
     import jax.numpy as jnp
@@ -114,7 +116,7 @@ def ch17_as_rate(as_rate):
         "np.float64(0.05)": np.float64(0.05),
         "np.float32(0.02)": np.float32(0.02),
         "jnp.float32(0.01)": jnp.float32(0.01),
-        "a schedule's jnp.asarray(0.003)": jnp.asarray(0.003),
+        "a weakly typed jnp.asarray(0.003)": jnp.asarray(0.003),
     }
     traces = []
 
@@ -219,5 +221,5 @@ def ch17_step_flops(step_flops):
     said = ""
     if compiled:
         extra = compiled / _model_flops(*sizes) - 1
-        said = f"; for {tuple(sizes)} the compiler counts {compiled:,.0f}, {extra:.0%} more"
+        said = f"; for {tuple(sizes)} the compiler counts {compiled:,.0f}, {extra:.1%} more"
     return f"4BFH + 6BHC on every size tried{said} (its element-wise work)."
