@@ -6,6 +6,11 @@ notebooks/14_pipeline_parallelism.ipynb: edit the chapter, not this file.
 # ruff: noqa: I001
 
 import numpy as np
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from book.lessons import transformer
 
 
 def by_stage(stacked, p, v=1):
@@ -38,6 +43,84 @@ def schedule(p, m, v=1):
     """Every stage's item at every step: an array (stages, steps), -1 where idle."""
     steps = v * m + p - 1
     return work(np.arange(steps)[None, :], np.arange(p)[:, None], m, v)
+
+
+def pipeline_loss(params, tokens, targets, cfg, v=1, data_axis=None, policy=None):
+    """The loss of m microbatches through the stages of the `stage` axis, on one stage.
+
+    params["blocks"]: this stage's v groups of layers, (1, v, layers per group, ...);
+    tokens and targets: (m, microbatch, seq), the same on every stage.
+    """
+    m = tokens.shape[0]
+    p, s = jax.lax.axis_size("stage"), jax.lax.axis_index("stage")
+    assert v == 1 or m >= p, "a microbatch must be back at stage 0 for its next trip"
+    mine = jax.tree.map(lambda a: a[0], params["blocks"])
+    if data_axis:  # cast once, so that the gradients' all-reduce runs once too
+        mine = jax.lax.pcast(mine, data_axis, to="varying")
+    x = params["embed"][tokens]  # (m, microbatch, seq, d_model)
+    buffer = jax.lax.pcast(x, "stage", to="varying")  # stage 0's slots
+    state = jax.lax.pcast(jnp.zeros_like(x[0]), "stage", to="varying")
+    ring = [(i, (i + 1) % p) for i in range(p)]
+
+    def step(carry, t):
+        state, buffer = carry
+        k = work(t, s, m, v)
+        state = jnp.where(s == 0, buffer[t % m], state)  # stage 0 starts item t
+        group = jax.tree.map(lambda a: a[jnp.maximum(k, 0) // m], mine)
+        state = transformer.run_blocks(state, group, cfg, policy=policy)
+        state = jax.lax.ppermute(state, "stage", ring)
+        # What the last stage finished at this step has reached stage 0: to its slot.
+        done = work(t, p - 1, m, v)
+        slot, keep = done % m, (s == 0) & (done >= 0)
+        buffer = buffer.at[slot].set(jnp.where(keep, state, buffer[slot]))
+        return (state, buffer), k
+
+    steps = jnp.arange(v * m + p - 1)
+    (_, buffer), trace = jax.lax.scan(step, (state, buffer), steps)
+    y = transformer.rms_norm(buffer, params["final_norm"])
+    log_probs = jax.nn.log_softmax(jnp.einsum("mbsd,dv->mbsv", y, params["unembed"]))
+    loss = -jnp.mean(jnp.sum(jax.nn.one_hot(targets, cfg.vocab) * log_probs, axis=-1))
+    loss = jax.lax.psum(jnp.where(s == 0, loss, 0.0), "stage")
+    if data_axis:
+        loss = jax.lax.pmean(loss, data_axis)
+    return loss, trace
+
+
+def make_pipeline(cfg, params, mesh, tokens, targets, m, v=1, data_axis=None):
+    """The jitted pipeline step on mesh, and its arguments placed on the mesh.
+
+    tokens, targets: (batch, seq), cut into m microbatches of batch // m sequences.
+    """
+    p = mesh.shape["stage"]
+    specs = {name: P() for name in params}
+    specs["blocks"] = jax.tree.map(lambda _: P("stage"), params["blocks"])
+    batch = P(None, data_axis)
+
+    def step(params, tokens, targets):
+        loss_and_grad = jax.value_and_grad(pipeline_loss, has_aux=True)
+        return loss_and_grad(params, tokens, targets, cfg, v, data_axis)
+
+    out_specs = ((P(), P("stage")), specs)
+    step = jax.shard_map(
+        step, mesh=mesh, in_specs=(specs, batch, batch), out_specs=out_specs
+    )
+    staged = {
+        **params,
+        "blocks": jax.tree.map(lambda a: by_stage(a, p, v), params["blocks"]),
+    }
+
+    def put(a, spec):
+        return jax.device_put(a, NamedSharding(mesh, spec))
+
+    def microbatches(a):
+        return a.reshape(m, len(a) // m, a.shape[1])
+
+    args = (
+        jax.tree.map(put, staged, specs),
+        put(microbatches(tokens), batch),
+        put(microbatches(targets), batch),
+    )
+    return jax.jit(step), args
 
 
 def gpipe_order(p, m, s):
