@@ -164,9 +164,12 @@ def param_shapes() -> dict:
 
 
 def _inputs(batch: int, seq: int):
-    """(what, logical names, shape) of every input a layout splits: the step's arguments."""
+    """(what, logical names, shape) of every array a layout splits by its rules: the step's
+    arguments, and the residual stream the blocks pin to the layout (split unevenly, it would
+    be padded)."""
     params = [(path, n, shape) for path, (n, shape) in param_shapes().items()]
-    return [("the batch of tokens", ("batch", None), (batch, seq)), *params]
+    stream = ("the residual stream", tr.STREAM, (batch, seq, CONFIG.d_model))
+    return [("the batch of tokens", ("batch", None), (batch, seq)), *params, stream]
 
 
 @dataclass(frozen=True)
@@ -264,8 +267,13 @@ def remember(programs: dict) -> None:
             "programs must be a dict from (table, mesh shape) to a compiled step, not "
             f"{validate.describe(programs)}."
         )
-    for (table, mesh_text), compiled in programs.items():
-        choice = check(table, mesh_text)
+    for key, compiled in programs.items():
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise specs.SpecError(
+                f"Each key of programs is a (table, mesh shape) pair such as ('TP', '8'), not "
+                f"{validate.describe(key)}."
+            )
+        choice = check(*key)
         if _fits(compiled, choice):
             _GIVEN[_unnamed(choice)] = compiled
 

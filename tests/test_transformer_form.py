@@ -23,6 +23,23 @@ def test_each_table_is_offered_the_meshes_of_8_devices_with_its_axes():
     assert transformer.mesh_choices("DP x FSDP x TP") == ["2x2x2"]
 
 
+@pytest.mark.parametrize(
+    "call, sentence",
+    [
+        (lambda: transformer.mesh_choices("nope"), "'nope' is not a rules table here"),
+        (lambda: transformer.mesh_choices(None), "None is not a rules table here"),
+        (lambda: layouts.remember({("DP",): 1}), "is a (table, mesh shape) pair"),
+        (lambda: layouts.remember({"DP": 1}), "is a (table, mesh shape) pair"),
+        (lambda: layouts.check("TP + SP", "8", 8, 15), "seq dimension of the residual stream"),
+    ],
+)
+def test_bad_calls_of_the_helpers_give_one_sentence(call, sentence):
+    from book import specs
+
+    with pytest.raises(specs.SpecError, match=re.escape(sentence)):
+        call()
+
+
 def test_a_choice_names_its_mesh_axes_from_the_rules():
     choice = forms.check_transformer("FSDP x TP", "2x4")
     assert choice.axis_names == ("fsdp", "model") and choice.mesh_shape == (2, 4)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import math
 
-from book import display, specs, static_forms
+from book import display, specs, static_forms, validate
 from book.forms.common import choice_then_mesh, first_sentence
 
 EXPLAINED = {
@@ -32,6 +32,7 @@ def mesh_choices(table: str) -> list[str]:
     """The 8-device mesh shapes a table fits: one size per mesh axis it names."""
     from book import layouts
 
+    table = validate.choice(table, list(layouts.TABLES), "a rules table", error=specs.SpecError)
     rank = len(layouts.mesh_axes(layouts.TABLES[table]))
     return [m for m in MESH_SHAPES if len(specs.parse_mesh_shape(m)) == rank]
 
