@@ -25,15 +25,20 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from book import validate
 from book.errors import ReaderError
 
 _DEVICE_PROCESS = re.compile(r"^/device:[A-Za-z_]+:(\d+)")
 _OPS_THREAD = "XLA Ops"
+_MISSING = object()  # a field an event does not have
+_TRACE_FILES = ("perfetto_trace.json.gz", "*.trace.json.gz")  # in the order they are preferred
 
 
 class TraceError(ReaderError, ValueError):
@@ -93,8 +98,21 @@ class Trace:
         """Each execution of ``program``, in the order they started: the ops of all devices.
 
         Executions are told apart by their run id; where the trace records none (as read from
-        an accelerator's device processes), by the annotated step each op started in.
+        an accelerator's device processes), by the annotated step each op started in. A name
+        the trace does not hold is refused rather than answered with no runs, so a misspelt
+        program is not mistaken for one that never ran.
         """
+        programs = self.programs
+        if not isinstance(program, str) or program not in programs:
+            listed = ", ".join(validate.describe(p, 60) for p in programs[:4])
+            more = f" and {len(programs) - 4} more" if len(programs) > 4 else ""
+            raise TraceError(
+                f"{validate.describe(program)} is not a program of this trace; pass one of "
+                f"its .programs: {listed}{more}."
+                if programs
+                else f"This trace holds no instructions, so it has no runs of "
+                f"{validate.describe(program)}."
+            )
         found: dict[object, list[Op]] = defaultdict(list)
         for op in self.ops:
             if op.program != program:
@@ -113,52 +131,122 @@ def trace_file(log_dir) -> Path:
     The newest run folder's ``perfetto_trace.json.gz``, or its ``*.trace.json.gz`` where the
     Perfetto file was not asked for.
     """
-    root = Path(log_dir) / "plugins" / "profile"
-    runs = sorted(root.glob("*/"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
-    if not runs:
+    log_dir = _path(log_dir, "log_dir", "the folder given to jax.profiler.trace")
+    root = log_dir / "plugins" / "profile"
+    try:
+        runs = sorted(root.glob("*/"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+        newest = runs[-1] if runs else None
+        found = [sorted(newest.glob(p)) for p in _TRACE_FILES] if newest else []
+    except OSError as err:
+        raise TraceError(f"{_shown(log_dir)} cannot be read ({err.strerror}).") from None
+    if newest is None:
         raise TraceError(
-            f"{log_dir} holds no profile: pass the folder given to jax.profiler.trace, after "
-            "the trace has stopped."
+            f"{_shown(log_dir)} holds no profile: pass the folder given to jax.profiler.trace, "
+            "after the trace has stopped."
         )
-    newest = runs[-1]
-    for pattern in ("perfetto_trace.json.gz", "*.trace.json.gz"):
-        found = sorted(newest.glob(pattern))
-        if found:
-            return found[0]
+    for files in found:
+        if files:
+            return files[0]
     raise TraceError(f"{newest} holds no trace.json.gz: the profile was not exported as JSON.")
 
 
-def _load(path: Path) -> list[dict]:
+def _path(value, what: str, example: str) -> Path:
+    """A path as ``str`` or ``pathlib.Path``; anything else refused before ``pathlib`` sees it."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str) or not path.strip():
+        raise TraceError(
+            f"{what} must be a path, a str or pathlib.Path naming {example}, not "
+            f"{validate.describe(value)}."
+        )
+    if "\0" in path:
+        raise TraceError(f"{what} holds a NUL character, which no path can; check the path.")
+    return Path(path)
+
+
+def _shown(path: Path) -> str:
+    """A path as a message quotes it, a long one cut short."""
+    return validate.describe(str(path), 120)
+
+
+def _load(path: Path) -> list:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, EOFError, ValueError) as err:
         raise TraceError(f"{path} is not a gzipped JSON trace ({err}).") from None
+    except RecursionError:  # arrays nested thousands deep: no writer of traces makes them
+        raise TraceError(f"{path} nests its JSON too deeply to be a trace.") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"{path} has no list of traceEvents: it is not a Chrome trace.")
-    return [e for e in events if isinstance(e, dict)]
+    return events
+
+
+def _bad(index: int, field: str, value, wanted: str) -> TraceError:
+    had = f"no {field}" if value is _MISSING else f"{field} {validate.describe(value)}"
+    return TraceError(
+        f"Event {index} of the trace has {had}, where a trace has {wanted}; pass a trace "
+        "jax.profiler wrote."
+    )
+
+
+def _args(index: int, event: dict) -> dict:
+    """An event's ``args``: an object of arguments, or none."""
+    args = event.get("args")
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        raise _bad(index, "args", args, "an object of named arguments")
+    return args
+
+
+def _ids(index: int, event: dict) -> None:
+    """``pid`` and ``tid`` name a process and a thread: numbers or names, never lists."""
+    for field in ("pid", "tid"):
+        if isinstance(event.get(field), (list, dict)):
+            raise _bad(index, field, event[field], "a number or a name")
 
 
 def _names(events, kind: str) -> dict:
     """The names metadata events give to processes (``kind`` "process_name") or threads."""
-    key = (
-        (lambda e: e.get("pid"))
-        if kind == "process_name"
-        else (lambda e: (e.get("pid"), e.get("tid")))
-    )
-    return {
-        key(e): str(e.get("args", {}).get("name", ""))
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == kind
-    }
+    names = {}
+    for index, e in enumerate(events):
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == kind:
+            _ids(index, e)
+            key = e.get("pid") if kind == "process_name" else (e.get("pid"), e.get("tid"))
+            args = e.get("args")
+            if not isinstance(args, dict) or not isinstance(args.get("name"), str):
+                raise _bad(index, "args", args, f"the {kind.replace('_', ' ')} in args.name")
+            names[key] = args["name"]
+    return names
 
 
-def _device(event, processes, threads) -> int | None:
+def _whole(index: int, field: str, value, high: int) -> int:
+    """A device ordinal or step number: a whole number from 0, as a number or its digits."""
+    name = f"Event {index}'s {field}"
+    return validate.whole(value, name, low=0, high=high, text=True, example=0, error=TraceError)
+
+
+def _time(index: int, event: dict, field: str) -> float:
+    """``ts`` or ``dur`` in microseconds: a finite number, and a duration not negative."""
+    value = event.get(field, _MISSING)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(index, field, value, "a number of microseconds")
+    try:
+        number = float(value)
+    except OverflowError:  # a JSON integer too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        raise _bad(index, field, value, "a finite number of microseconds")
+    if field == "dur" and number < 0:
+        raise _bad(index, field, value, "a duration of at least 0 microseconds")
+    return number
+
+
+def _device(index, event, args, processes, threads) -> int | None:
     """The device an event ran on: its ``device_ordinal``, or its device process's number."""
-    args = event.get("args") or {}
     if "hlo_op" in args and "device_ordinal" in args:
-        return int(args["device_ordinal"])
+        return _whole(index, "device_ordinal", args["device_ordinal"], validate.MAX_DEVICES - 1)
     on_device = _DEVICE_PROCESS.match(processes.get(event.get("pid"), ""))
     thread = threads.get((event.get("pid"), event.get("tid")), "")
     if on_device and thread == _OPS_THREAD:
@@ -167,27 +255,41 @@ def _device(event, processes, threads) -> int | None:
 
 
 def read(path) -> Trace:
-    """The ops and steps of a trace file, or of the newest trace under a profile folder."""
-    path = Path(path)
-    if path.is_dir():
-        path = trace_file(path)
-    if not path.is_file():
-        raise TraceError(f"{path} does not exist: pass a trace file or a profile folder.")
+    """The ops and steps of a trace file, or of the newest trace under a profile folder.
+
+    The events the book reads, the instructions a device ran and the annotated steps, must
+    carry a finite ``ts`` and ``dur`` and whole ordinals and step numbers; one that does not is
+    refused, naming its field, rather than read as a wrong time. Other events are skipped.
+    """
+    path = _path(path, "The trace", "a trace file or a profile folder")
+    try:
+        if path.is_dir():
+            path = trace_file(path)
+        if not path.is_file():
+            raise TraceError(
+                f"{_shown(path)} does not exist: pass a trace file or a profile folder."
+            )
+    except OSError as err:
+        raise TraceError(f"{_shown(path)} cannot be read ({err.strerror}).") from None
     events = _load(path)
     processes, threads = _names(events, "process_name"), _names(events, "thread_name")
     ops, steps = [], []
-    for e in events:
-        if e.get("ph") != "X":
+    for index, e in enumerate(events):
+        if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        args = e.get("args") or {}
-        start, duration = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
-        device = _device(e, processes, threads)
+        _ids(index, e)
+        args = _args(index, e)
+        device = _device(index, e, args, processes, threads)
+        if device is None and "step_num" not in args:
+            continue
+        start, duration = _time(index, e, "ts"), _time(index, e, "dur")
         if device is not None:
             name = str(args.get("hlo_op", e.get("name", "")))
             program = str(args.get("hlo_module", ""))
             ops.append(Op(device, name, program, start, duration, str(args.get("run_id", ""))))
-        elif "step_num" in args:
-            steps.append(Step(str(e.get("name", "")), int(args["step_num"]), start, duration))
+        else:
+            number = _whole(index, "step_num", args["step_num"], validate.MAX_SIZE)
+            steps.append(Step(str(e.get("name", "")), number, start, duration))
     ops.sort(key=lambda op: (op.start, op.device))
     steps.sort(key=lambda s: s.start)
     return Trace(tuple(ops), tuple(steps))

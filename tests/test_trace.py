@@ -145,6 +145,112 @@ def test_unreadable_traces_get_one_sentence(tmp_path, make, words):
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        (None, "must be a path"),
+        (5, "must be a path"),
+        (b"/tmp", "must be a path"),
+        (["a"], "must be a path"),
+        ("", "must be a path"),
+        ("a\0b", "NUL character"),
+        ("x" * 5000, "cannot be read"),
+    ],
+)
+def test_what_is_not_a_path_gets_one_sentence(given, words):
+    for reader in (trace.read, trace.trace_file):
+        with pytest.raises(trace.TraceError) as caught:
+            reader(given)
+        message = str(caught.value)
+        assert words in message and "\n" not in message and len(message) < 300
+
+
+def test_json_nested_too_deeply_gets_one_sentence(tmp_path):
+    path = tmp_path / "deep.json.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("[" * 100000)
+    with pytest.raises(trace.TraceError, match="too deeply"):
+        trace.read(path)
+
+
+def step_event(step_num, **fields):
+    return {"ph": "X", "pid": 1, "tid": 1, "ts": 0.0, "dur": 9.0, "name": "train",
+            "args": {"step_num": step_num}, **fields}  # fmt: skip
+
+
+def with_fields(event, **fields):
+    return {**event, **fields}
+
+
+def with_args(event, **args):
+    return {**event, "args": {**event["args"], **args}}
+
+
+@pytest.mark.parametrize(
+    "event, words",
+    [
+        (with_fields(op("dot", 0, 1.0, 1.0), ts="abc"), "has ts 'abc'"),
+        (with_fields(op("dot", 0, 1.0, 1.0), ts=None), "has ts None"),
+        (with_fields(op("dot", 0, 1.0, 1.0), ts=[1]), "has ts [1]"),
+        ({k: v for k, v in op("dot", 0, 1.0, 1.0).items() if k != "dur"}, "has no dur"),
+        (with_fields(op("dot", 0, 1.0, 1.0), dur=-2.0), "has dur -2.0"),
+        (with_args(op("dot", 0, 1.0, 1.0), device_ordinal="gpu0"), "device_ordinal must"),
+        (with_args(op("dot", 0, 1.0, 1.0), device_ordinal=None), "device_ordinal must"),
+        (with_args(op("dot", 0, 1.0, 1.0), device_ordinal=1.7), "not 1.7"),
+        (with_args(op("dot", 0, 1.0, 1.0), device_ordinal=-1), "at least 0"),
+        (with_args(op("dot", 0, 1.0, 1.0), device_ordinal="-1"), "at least 0"),
+        (with_fields(op("dot", 0, 1.0, 1.0), args="hlo_op"), "has args 'hlo_op'"),
+        (with_fields(op("dot", 0, 1.0, 1.0), pid=[1]), "has pid [1]"),
+        (step_event("one"), "step_num must"),
+        (step_event(1.9), "not 1.9"),
+        (step_event(None), "step_num must"),
+        ({"ph": "M", "pid": 5, "name": "process_name", "args": [1]}, "has args [1]"),
+        ({"ph": "M", "pid": 5, "name": "process_name", "args": None}, "has args None"),
+        ({"ph": "M", "pid": 5, "tid": 2, "name": "thread_name", "args": {}}, "thread name"),
+        ({"ph": "M", "pid": [5], "name": "process_name", "args": {"name": "x"}}, "pid [5]"),
+    ],
+)
+def test_a_malformed_event_is_refused_naming_its_field(tmp_path, event, words):
+    path = write_trace(tmp_path, [op("dot", 0, 1.0, 1.0), event])
+    with pytest.raises(trace.TraceError) as caught:
+        trace.read(path)
+    message = str(caught.value)
+    assert words in message and "Event 1" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("ts, dur", [("NaN", "1.0"), ("1.0", "Infinity"), ("1" + "0" * 400, "1")])
+def test_times_that_are_no_finite_number_are_refused(tmp_path, ts, dur):
+    path = tmp_path / "t.json.gz"
+    event = '{"ph": "X", "ts": %s, "dur": %s, "args": {"hlo_op": "d", "device_ordinal": "0"}}'
+    with gzip.open(path, "wt") as f:
+        f.write('{"traceEvents": [%s]}' % (event % (ts, dur)))
+    with pytest.raises(trace.TraceError, match="a finite number of microseconds"):
+        trace.read(path)
+
+
+def test_events_the_book_does_not_read_are_skipped(tmp_path):
+    events = [
+        op("dot", 0, 1.0, 1.0),
+        {"ph": "X", "pid": 1, "tid": 1, "ts": "soon", "name": "python"},  # a host event
+        {"ph": "i", "ts": None, "args": "x"},
+        7,
+    ]
+    found = trace.read(write_trace(tmp_path, events))
+    assert [(o.device, o.name, o.start) for o in found.ops] == [(0, "dot", 1.0)]
+
+
+@pytest.mark.parametrize(
+    "program, words", [(None, "None is not a program"), ("jit_g", "'jit_g' is not a program")]
+)
+def test_runs_of_a_program_the_trace_lacks_are_refused(tmp_path, program, words):
+    found = trace.read(write_trace(tmp_path, [op("dot", 0, 1.0, 1.0)]))
+    with pytest.raises(trace.TraceError) as caught:
+        found.runs(program)
+    assert words in str(caught.value) and "'jit_f'" in str(caught.value)
+    with pytest.raises(trace.TraceError, match="holds no instructions"):
+        trace.Trace((), ()).runs("jit_f")
+
+
 def test_timeline_draws_one_row_per_device_coloured_by_kind():
     ops = [
         trace.Op(0, "all-gather.1", "jit_f", 0.0, 500.0),
