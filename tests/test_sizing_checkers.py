@@ -43,3 +43,14 @@ def test_tp_bytes():
     rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: 2 * tp_bytes(m, t, b, s)), "bfloat16")
     rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: 1 / 0), "ZeroDivisionError")
     rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: "many"), "did not give a number")
+
+
+def test_tp_bytes_blames_the_readers_own_mistakes_on_the_readers_code():
+    verdict = exercises.ch18_tp_bytes(lambda m: 1)
+    assert verdict.judged
+    rejected(verdict, "should take four arguments")
+    verdict = exercises.ch18_tp_bytes(lambda m, t, b, s: m.no_such_field)
+    assert verdict.judged
+    rejected(verdict, "Your code raised AttributeError")
+    answers = iter([tp_bytes, lambda *args: None])
+    rejected(exercises.ch18_tp_bytes(lambda *a: next(answers)(*a)), "Not answered yet")

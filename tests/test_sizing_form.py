@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from book import sizing
 from book.forms import sizing as form
 
 
@@ -38,6 +39,31 @@ def test_bad_choices_give_one_sentence(args, sentence):
     page = form.render_sizing(*args)
     assert "bk-viz bk-error" in page and sentence in page.replace("&#x27;", "'")
     assert "<table" not in page
+
+
+@pytest.mark.parametrize(
+    "chips, words",
+    [
+        (0, "not 0"),
+        (-8, "not -8"),
+        ("8", "not '8' (a string)"),
+        (None, "not None"),
+        (8.5, "not 8.5"),
+        (True, "not True"),
+        (10**30, "too large"),
+    ],
+)
+def test_layout_degrees_refuses_a_chip_count_in_one_sentence(chips, words):
+    with pytest.raises(sizing.SizingError) as caught:
+        form.layout_degrees("FSDP", chips)
+    assert words in str(caught.value) and "The chip count" in str(caught.value)
+
+
+def test_layout_degrees_splits_a_good_count():
+    assert form.layout_degrees("FSDP", 16) == {"fsdp": 16}
+    assert form.layout_degrees("DP x FSDP", 16) == {"dp": 4, "fsdp": 4}
+    with pytest.raises(sizing.SizingError, match="needs a multiple of 8 chips"):
+        form.layout_degrees("FSDP x TP", 12)
 
 
 def test_static_twin_offers_every_choice():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -65,14 +66,22 @@ def ch18_tp_bytes(tp_bytes):
     answered(tp_bytes, "define tp_bytes(model, tp, global_batch, seq)")
     need(callable(tp_bytes), "tp_bytes must be a function of (model, tp, global_batch, seq).")
     name, tp, batch, seq = _TP_CASES[0]
-    answered(tp_bytes(sizing.PRESETS[name], tp, batch, seq), "tp_bytes returns None")
+    try:  # a wrong signature fails in the call itself, before a line of the reader's runs
+        inspect.signature(tp_bytes).bind(sizing.PRESETS[name], tp, batch, seq)
+    except TypeError:
+        raise Wrong(
+            "tp_bytes should take four arguments, (model, tp, global_batch, seq), as the "
+            "exercise's cell defines it."
+        ) from None
+    except ValueError:  # a callable whose signature Python cannot read: just call it
+        pass
     for name, tp, batch, seq in _TP_CASES:
         model = sizing.PRESETS[name]
         want = sizing.plan(model, tp=tp, global_batch=batch, seq=seq).comm["tp"]
+        got = tp_bytes(model, tp, batch, seq)
+        answered(got, "tp_bytes returns None")
         try:
-            got = float(tp_bytes(model, tp, batch, seq))
-        except Wrong:
-            raise
+            got = float(got)
         except (TypeError, ValueError, OverflowError) as err:
             raise Wrong(f"tp_bytes({name}, tp={tp}, ...) did not give a number: {err}.") from err
         stream = batch * seq * model.d_model * 2

@@ -29,6 +29,7 @@ _DEFAULTS = tuple(SIZING_DEFAULTS.values())
 def layout_degrees(layout: str, chips: int) -> dict:
     """The ``plan`` keywords of a named layout on ``chips`` chips."""
     layout = validate.choice(layout, list(LAYOUTS), "a layout", error=sizing.SizingError)
+    chips = _chip_count(chips)
     inner = {"FSDP": 1, "DP x FSDP": 4, "FSDP x TP": 8, "FSDP x TP, SP": 8, "FSDP x TP x PP": 32}
     if chips % inner[layout]:
         raise sizing.SizingError(
@@ -43,6 +44,13 @@ def layout_degrees(layout: str, chips: int) -> dict:
         "FSDP x TP, SP": {"fsdp": rest, "tp": 8, "sequence_parallel": True},
         "FSDP x TP x PP": {"fsdp": rest, "tp": 8, "pp": 4, "microbatches": 8},
     }[layout]
+
+
+def _chip_count(chips, text: bool = False) -> int:
+    """A number of chips, 1 to ``validate.MAX_DEVICES``; with ``text``, as a form types it."""
+    return validate.whole(
+        chips, "The chip count", high=validate.MAX_DEVICES, text=text, error=sizing.SizingError
+    )
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,7 @@ def check_sizing(model, hardware, layout, chips, global_batch, seq) -> Choice:
     error = sizing.SizingError
     model = validate.choice(model, list(sizing.PRESETS), "a model", error=error)
     hardware = validate.choice(hardware, list(sizing.HARDWARE), "a chip", error=error)
-    chips = validate.whole(
-        chips, "The chip count", high=validate.MAX_DEVICES, text=True, error=error
-    )
+    chips = _chip_count(chips, text=True)
     degrees = layout_degrees(layout, chips)
     numbers = [
         validate.whole(value, name, text=True, example=SIZING_DEFAULTS[key], error=error)
