@@ -66,7 +66,10 @@ def pipeline_loss(params, tokens, targets, cfg, v=1, data_axis=None, policy=None
         state, buffer = carry
         k = work(t, s, m, v)
         state = jnp.where(s == 0, buffer[t % m], state)  # stage 0 starts item t
-        group = jax.tree.map(lambda a: a[jnp.maximum(k, 0) // m], mine)
+        # One group is the same at every step: a group chosen by a traced index would
+        # be kept for the backward at every step, a copy of the stage's weights each.
+        index = 0 if v == 1 else jnp.maximum(k, 0) // m
+        group = jax.tree.map(lambda a: a[index], mine)
         state = transformer.run_blocks(state, group, cfg, policy=policy)
         state = jax.lax.ppermute(state, "stage", ring)
         # What the last stage finished at this step has reached stage 0: to its slot.
