@@ -370,7 +370,9 @@ def plan(
       gradients back; each stage holds ``layers / pp`` layers and, as in chapter 14, the
       embedding, final norm and unembedding, whose gradients are all-reduced over ``pp``;
       the stages keep every microbatch's activations until its backward pass (GPipe's
-      order, chapter 14's scan).
+      order, chapter 14's scan). Chapter 14's program also keeps its ``pp - 1`` idle steps'
+      activations, and all-reduces the embedded tokens' gradient where this counts the
+      embedding's; chapter 18 bounds both differences.
     """
     _check_model(model)
     layout = {k: _whole(v, k) for k, v in zip(KINDS, (dp, fsdp, tp, pp))}

@@ -107,7 +107,10 @@ RESULTS = {
         "traced again: 1 time",
         "two from the table: traced 1 time",
     ],
-    "18_planning_a_real_run": ["4 layouts compiled and planned: every check holds"],
+    "18_planning_a_real_run": [
+        "4 layouts compiled and planned: every check holds",
+        "2 pipelines compiled and planned: every check holds",
+    ],
 }
 
 # Errors the chapters provoke on purpose, caught and explained on the page.
@@ -159,10 +162,12 @@ TABLES = {
     ],
     # the collectives, device 0's instructions, the compile log, the cache's two processes
     "17_profiling": [("<table class='bk-table'>", 4), "<td>reduce-scatter</td>"],
-    # presets, state, activations, bytes per axis, chips, 2 memory, 2 bounds, published
+    # presets, state, activations, bytes per axis, pipelines, chips, 2 memory, 2 bounds,
+    # published
     "18_planning_a_real_run": [
-        ("<table class='bk-table'>", 10),
+        ("<table class='bk-table'>", 11),
         "Bytes per device, compiled and calculated: equal in every layout",
+        "microbatches: bytes per device",
         "quoted, then calculated",
     ],
 }

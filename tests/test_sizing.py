@@ -143,3 +143,34 @@ def test_the_plan_equals_the_compiled_fsdp_x_tp_step():
 @pytest.mark.parametrize("name", ["DP", "FSDP", "TP"])
 def test_the_plan_equals_the_compiled_step(name):
     _check_against_compiled(name, (8,))
+
+
+# Chapter 14's pipeline of the same transformer (book.lessons.planning.check_pipeline asserts
+# it): with data parallelism here, the pipeline alone marked slow.
+def _check_pipeline_against_compiled(mesh_shape):
+    import dataclasses
+
+    import numpy as np
+
+    from book.lessons import planning
+    from book.lessons.transformer import Config
+
+    cfg = dataclasses.replace(Config(), n_layers=8)
+    rng = np.random.default_rng(0)
+    sequences = rng.integers(0, cfg.vocab, (16, 17)).astype(np.int32)
+    tokens, targets = sequences[:, :-1], sequences[:, 1:]
+    degrees, got, plan = planning.check_pipeline(cfg, mesh_shape, 4, tokens, targets)
+    assert degrees["pp"] == mesh_shape[-1]
+    steps = 4 + degrees["pp"] - 1  # each sends a microbatch's stream forward and back
+    stream = 16 // (4 * degrees.get("dp", 1)) * 16 * cfg.d_model * 4
+    assert got["permutes"] == pytest.approx(2 * steps * stream)
+    assert got["params"] == plan.memory["params"] and got["grads"] == plan.memory["grads"]
+
+
+def test_the_plan_equals_the_compiled_data_x_pipeline_step():
+    _check_pipeline_against_compiled((2, 4))
+
+
+@pytest.mark.slow
+def test_the_plan_equals_the_compiled_pipeline_step():
+    _check_pipeline_against_compiled((8,))

@@ -7,6 +7,7 @@ notebooks/18_planning_a_real_run.ipynb: edit the chapter, not this file.
 
 import math
 import jax
+import numpy as np
 import optax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -23,10 +24,11 @@ from book.lessons.transformer import (
     make_step,
     param_shardings,
 )
+from book.lessons.pipeline import make_pipeline, pipeline_loss
 
 
 FAST = {"xla_backend_optimization_level": 0}  # tiny programs: compile quickly
-KIND = {"data": "dp", "fsdp": "fsdp", "model": "tp"}  # what each mesh axis does
+KIND = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp"}  # each mesh axis
 
 
 def small_model(cfg):
@@ -61,12 +63,24 @@ def sent_by_kind(compiled, mesh):
     trips = loop_trips(compiled)
     step, loops = {}, {}
     for row in hlo.collectives(compiled):
-        kind = KIND.get(axes_of(row, mesh), "between")
+        axes = moved_along(row, mesh) if row.op == "collective-permute" else None
+        kind = KIND.get(axes or axes_of(row, mesh), "between")
         sent = cost.ring_bytes(row) * trips.get(row.computation, 1)
         step[kind] = step.get(kind, 0) + sent
         if row.computation in trips:
             loops[kind] = loops.get(kind, 0) + sent
     return step, loops
+
+
+def moved_along(row, mesh):
+    """The one mesh axis along which a collective-permute's pairs move, or None."""
+    moved = {  # for each pair, the mesh dimensions its two positions differ in
+        i
+        for pair in row.groups
+        for i, (a, b) in enumerate(np.unravel_index(pair, mesh.devices.shape))
+        if a != b
+    }
+    return mesh.axis_names[moved.pop()] if len(moved) == 1 else None
 
 
 def shard_bytes(shardings, arrays):
@@ -93,20 +107,20 @@ def kept_bytes(cfg, layout, tokens, targets, policy):
     return shard_bytes(compiled.output_shardings, kept_shapes)
 
 
-def adamw_bytes(cfg, layout):
+def adamw_bytes(params, shardings):
     """Bytes per device of AdamW's state, made by a compiled init in the layout."""
     optimizer = optax.adamw(1e-3)
-    shardings = param_shardings(layout, PARAM_AXES)
-    shapes = jax.eval_shape(optimizer.init, init_params(cfg))
+    shapes = jax.eval_shape(optimizer.init, params)
+    mesh = jax.tree.leaves(shardings)[0].mesh
     out = optax.tree_map_params(
         optimizer,
         lambda _, sharding: sharding,
         shapes,
         shardings,
-        transform_non_params=lambda _: NamedSharding(layout.mesh, P()),
+        transform_non_params=lambda _: NamedSharding(mesh, P()),
     )
     fn = jax.jit(optimizer.init, in_shardings=(shardings,), out_shardings=out)
-    compiled = fn.lower(init_params(cfg)).compile(FAST)
+    compiled = fn.lower(params).compile(FAST)
     return shard_bytes(compiled.output_shardings, shapes)
 
 
@@ -124,7 +138,7 @@ def measure(cfg, layout, tokens, targets):
         "gradient_reduce": reduce,
         "params": shard_bytes(step.input_shardings[0][0], params),
         "grads": shard_bytes(step.output_shardings[2], params),  # shaped alike
-        "optimizer": adamw_bytes(cfg, layout),
+        "optimizer": adamw_bytes(params, param_shardings(layout, PARAM_AXES)),
         "activations": {
             remat: kept_bytes(cfg, layout, tokens, targets, p)
             for remat, p in policy.items()
@@ -134,13 +148,14 @@ def measure(cfg, layout, tokens, targets):
     }
 
 
-def planned(cfg, degrees, batch, seq, remat, gradient_reduce):
+def planned(cfg, degrees, batch, seq, remat, gradient_reduce, microbatches=1):
     """The calculator's plan of chapter 13's step: float32, as that step computes."""
     return sizing.plan(
         small_model(cfg),
         **degrees,
         global_batch=batch,
         seq=seq,
+        microbatches=microbatches,
         compute_dtype="float32",
         remat=remat,
         gradient_reduce=gradient_reduce,
@@ -205,3 +220,106 @@ def check_layout(cfg, name, mesh_shape, tokens, targets):
     # Between axes: tokens and activations moved for the embedding lookup.
     assert got["comm"].get("between", 0) <= local * cfg.d_model * 4
     return degrees, got, plans
+
+
+def pipeline_for(cfg, mesh_shape, m, tokens, targets):
+    """Chapter 14's step on a stage mesh, or a data x stage one, and its arguments."""
+    axes = ("stage",) if len(mesh_shape) == 1 else ("data", "stage")
+    types = (AxisType.Explicit,) * len(axes)
+    mesh = jax.make_mesh(mesh_shape, axes, axis_types=types)
+    data_axis = "data" if "data" in axes else None
+    params = init_params(cfg)
+    step, args = make_pipeline(
+        cfg, params, mesh, tokens, targets, m, data_axis=data_axis
+    )
+    degrees = {KIND[axis]: size for axis, size in zip(axes, mesh_shape, strict=True)}
+    return step, args, mesh, data_axis, degrees
+
+
+def pipeline_kept(cfg, mesh, args, data_axis, policy):
+    """Bytes per device the pipeline keeps for its backward pass, less parameters."""
+    specs = jax.tree.map(lambda a: a.sharding.spec, args)
+
+    def loss(params, tokens, targets):
+        return pipeline_loss(params, tokens, targets, cfg, 1, data_axis, policy)[0]
+
+    loss = jax.shard_map(loss, mesh=mesh, in_specs=specs, out_specs=P())
+
+    def kept(params, tokens, targets):
+        _, backward = jax.vjp(lambda p: loss(p, tokens, targets), params)
+        return jax.tree.leaves(backward)
+
+    compiled = jax.jit(kept).lower(*args).compile(FAST)
+    shapes = jax.eval_shape(kept, *args)
+    held = [  # each parameter's shape on one device, less dimensions of 1
+        tuple(n for n in a.sharding.shard_shape(a.shape) if n > 1)
+        for a in jax.tree.leaves(args[0])
+    ]
+    pairs = zip(shapes, compiled.output_shardings, strict=True)
+    return sum(
+        math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
+        for x, s in pairs
+        if tuple(n for n in s.shard_shape(x.shape) if n > 1) not in held
+    )
+
+
+def pipeline_slack(cfg, plan, m, p, local_tokens, batch, seq):
+    """What the pipeline keeps beyond the estimate with full remat, at most.
+
+    The estimate keeps m microbatches' layer activations; the scan keeps all m + p - 1
+    steps', idle ones included (chapter 14). Outside the layers the estimate keeps four
+    arrays of the stream and the logits for every token; beyond that, activation_slack.
+    """
+    ends = local_tokens * (4 * cfg.d_model + cfg.vocab) * 4
+    idle = (plan.memory["activations"] - ends) * (p - 1) // m
+    return idle + activation_slack(cfg, batch, seq, local_tokens, "full")
+
+
+def check_pipeline(cfg, mesh_shape, m, tokens, targets):
+    """Compile chapter 14's pipeline and plan it: equal, or within stated bounds."""
+    batch, seq = tokens.shape
+    step, args, mesh, data_axis, degrees = pipeline_for(
+        cfg, mesh_shape, m, tokens, targets
+    )
+    compiled = step.lower(*args).compile(FAST)
+    full = jax.checkpoint_policies.nothing_saveable  # full remat, the plan's default
+    got = {
+        "step": compiled,
+        "params": shard_bytes(compiled.input_shardings[0][0], args[0]),
+        "grads": shard_bytes(compiled.output_shardings[1], args[0]),
+        "optimizer": adamw_bytes(args[0], compiled.input_shardings[0][0]),
+        "activations": pipeline_kept(cfg, mesh, args, data_axis, full),
+    }
+    got["comm"], _ = sent_by_kind(compiled, mesh)
+    trips = loop_trips(compiled)
+    got["permutes"] = sum(
+        cost.ring_bytes(row) * trips.get(row.computation, 1)
+        for row in hlo.collectives(compiled)
+        if row.op == "collective-permute"
+    )
+    plan = planned(cfg, degrees, batch, seq, "full", "all-reduce", m)
+    p, dp = degrees["pp"], degrees.get("dp", 1)
+    for part in ("params", "grads", "optimizer"):  # the state: byte for byte
+        assert got[part] == plan.memory[part], part
+    local = batch // dp * seq
+    want = plan.memory["activations"]  # and the idle steps, and the slack
+    slack = pipeline_slack(cfg, plan, m, p, local, batch, seq)
+    assert want <= got["activations"] <= want + slack
+    # Between stages: a microbatch's activations and their gradients, at every step.
+    permutes = sum(
+        c.sent * c.count for c in plan.collectives if c.op == "collective-permute"
+    )
+    assert math.isclose(got["permutes"], permutes, rel_tol=1e-12)
+    # The rest, all-reduces: every block gradient over dp, and the ends.
+    if dp > 1:
+        assert in_layers(plan, "dp") <= got["comm"]["dp"] <= plan.comm["dp"]
+    reduced = sum(got["comm"].values()) - got["permutes"]
+    # The ends: the program reduces the embedded tokens' gradient and the loss over the
+    # stages, where the calculator reduces the embedding's gradient.
+    swap = cost.all_reduce_bytes(4 + local * cfg.d_model * 4, p)
+    swap -= cost.all_reduce_bytes(cfg.vocab * cfg.d_model * 4, p)
+    bound = sum(plan.comm.values()) - permutes + swap
+    assert reduced <= bound * (1 + 1e-12)
+    if dp == 1:
+        assert math.isclose(reduced, bound, rel_tol=1e-12)
+    return degrees, got, plan
