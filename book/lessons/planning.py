@@ -313,6 +313,10 @@ def check_pipeline(cfg, mesh_shape, m, tokens, targets):
     # The rest, all-reduces: every block gradient over dp, and the ends.
     if dp > 1:
         assert in_layers(plan, "dp") <= got["comm"]["dp"] <= plan.comm["dp"]
+        # The final norm's and unembedding's gradients, over both axes at once.
+        ends = (cfg.d_model + cfg.d_model * cfg.vocab) * 4
+        both = cost.all_reduce_bytes(ends, dp * p)
+        assert math.isclose(got["comm"]["between"], both, rel_tol=1e-12)
     reduced = sum(got["comm"].values()) - got["permutes"]
     # The ends: the program reduces the embedded tokens' gradient and the loss over the
     # stages, where the calculator reduces the embedding's gradient.
