@@ -364,7 +364,9 @@ def plan(
       gradients, per microbatch; ``gradient_reduce="all-reduce"`` counts an all-reduce where
       the textbook has a reduce-scatter (what XLA compiles for CPU devices);
     - TP all-reduces the residual stream four times per layer (twice forward, twice
-      backward) and twice more for the embedding and the unembedding;
+      backward), a fifth time under full remat (the recomputed attention's output, which the
+      recomputed MLP reads; with sequence parallelism the recomputation also gathers the
+      layer's input), and twice more for the embedding and the unembedding;
     - PP runs chapter 14's schedule: ``microbatches + pp - 1`` steps, at each of which every
       stage sends a microbatch's activations forward and, in the backward pass, their
       gradients back; each stage holds ``layers / pp`` layers and, as in chapter 14, the
@@ -455,8 +457,12 @@ def plan(
             sent = formula[op](nbytes, n) if op in formula else float(nbytes)
             collectives.append(Collective(kind, op, what, sent, count, n, in_layers))
 
-    # TP: the stream all-reduced 4 times a layer, and once each for embedding and unembedding.
-    add("tp", "all-reduce", "residual stream", stream, microbatches * 4 * local_layers)
+    # TP: the stream all-reduced 4 times a layer, a fifth under full remat, and once each for
+    # embedding and unembedding; with SP the recomputation gathers the layer's input too.
+    reductions = 5 if remat == "full" else 4
+    add("tp", "all-reduce", "residual stream", stream, microbatches * reductions * local_layers)
+    if remat == "full" and sequence_parallel:
+        add("tp", "all-gather", "recomputed layer input", stream, microbatches * local_layers)
     add("tp", "all-reduce", "embedding and unembedding", stream, 2 * microbatches, False)
     # FSDP: one layer's weights after TP splits them, gathered whole over fsdp, twice.
     no_fsdp = {**layout, "fsdp": 1}

@@ -41,8 +41,15 @@ def test_communication_follows_the_ring_formulas(n):
     # FSDP: every weight gathered twice and its gradient reduce-scattered: 3 (n-1)/n P.
     assert _plan(fsdp=n).comm["fsdp"] == pytest.approx(3 * (n - 1) / n * grads)
     stream = 64 * 4096 * LLAMA_8B.d_model * 2  # bfloat16 activations
-    tp = cost.all_reduce_bytes(stream, n) * (4 * LLAMA_8B.layers + 2)
+    # TP: 4 all-reduces of the stream a layer, a fifth under full remat (the default), and 2.
+    tp = cost.all_reduce_bytes(stream, n) * (5 * LLAMA_8B.layers + 2)
     assert _plan(tp=n).comm["tp"] == pytest.approx(tp)
+    tp = cost.all_reduce_bytes(stream, n) * (4 * LLAMA_8B.layers + 2)
+    assert _plan(tp=n, remat="none").comm["tp"] == pytest.approx(tp)
+    # Sequence parallelism: the recomputation gathers each layer's input once more.
+    gather = cost.all_gather_bytes(stream, n) * LLAMA_8B.layers
+    sp = _plan(tp=n, sequence_parallel=True).comm["tp"]
+    assert sp == pytest.approx(_plan(tp=n).comm["tp"] + gather)
     assert _plan(dp=n).comm["tp"] == _plan(tp=n).comm["dp"] == 0
 
 
@@ -132,7 +139,7 @@ def _check_against_compiled(name, mesh_shape):
     tokens, targets = sequences[:, :-1], sequences[:, 1:]
     degrees, got, plans = planning.check_layout(cfg, name, mesh_shape, tokens, targets)
     for kind in degrees:
-        assert got["loops"][kind] == pytest.approx(planning.in_layers(plans["full"], kind))
+        assert got["loops"][kind] == pytest.approx(planning.layers_sent(cfg, plans["full"], kind))
 
 
 def test_the_plan_equals_the_compiled_fsdp_x_tp_step():

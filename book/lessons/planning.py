@@ -125,11 +125,16 @@ def adamw_bytes(params, shardings):
 
 
 def measure(cfg, layout, tokens, targets):
-    """What the compiled programs hold and send, per device, for one layout."""
+    """What the compiled programs hold and send, per device, for one layout.
+
+    The step is compiled with full remat, the calculator's default, so that its
+    communication includes what recomputing the forward pass sends.
+    """
     params = init_params(cfg)
-    step = make_step(cfg, layout).lower(params, tokens, targets).compile(FAST)
-    sent, loops = sent_by_kind(step, layout.mesh)
     policy = {"full": jax.checkpoint_policies.nothing_saveable, "none": None}
+    step = make_step(cfg, layout, policy["full"]).lower(params, tokens, targets)
+    step = step.compile(FAST)
+    sent, loops = sent_by_kind(step, layout.mesh)
     # How the compiler reduces FSDP's gradients (CPU: an all-reduce, then a slice).
     ops = {row.op for row in hlo.collectives(step)}
     reduce = "reduce-scatter" if "reduce-scatter" in ops else "all-reduce"
@@ -167,6 +172,19 @@ def in_layers(plan, kind):
     return sum(
         c.sent * c.count for c in plan.collectives if c.kind == kind and c.in_layers
     )
+
+
+def layers_sent(cfg, plan, kind):
+    """The bytes the compiled layers send over one kind of axis, by the calculator.
+
+    The plan's, and for FSDP the layers' two norm scales, which for the recomputation
+    the compiler gathers a third time.
+    """
+    sent = in_layers(plan, kind)
+    if kind == "fsdp":
+        norms = 2 * cfg.d_model * 4
+        sent += cfg.n_layers * cost.all_gather_bytes(norms, plan.layout["fsdp"])
+    return sent
 
 
 def activation_slack(cfg, batch, seq, local_tokens, remat, tp=1):
@@ -212,7 +230,7 @@ def check_layout(cfg, name, mesh_shape, tokens, targets):
             got["comm"][kind],
             plan.comm[kind],
         )
-        assert math.isclose(loops, in_layers(plan, kind), rel_tol=1e-12), kind
+        assert math.isclose(loops, layers_sent(cfg, plan, kind), rel_tol=1e-12), kind
         if kind == "dp":  # the gradients, and the loss averaged over the batch
             assert want <= step <= want + cost.all_reduce_bytes(2 * 4, n)
         if kind == "tp":  # and a few numbers per token for the split softmax, and
