@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from book import cost, validate
 from book.errors import ReaderError
 
@@ -155,6 +157,23 @@ class Collective:
     in_layers: bool
 
 
+def _number(value, name, example, *, zero=False):
+    """A finite real number above zero (or at least zero), or SizingError in one sentence."""
+    sort = "a number of at least 0" if zero else "a number above 0"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise SizingError(
+            f"{name} must be {sort} such as {example}, not {validate.describe(value)}."
+        )
+    number = float(value) if abs(value) < 1e300 else math.inf
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        raise SizingError(
+            f"{name} must be {sort} such as {example}, not {validate.describe(value)}."
+        )
+    return number
+
+
 @dataclass(frozen=True)
 class Link:
     """One kind of link: bytes per second a device sends along one mesh axis, latency per hop."""
@@ -163,6 +182,14 @@ class Link:
     bandwidth: float
     hop_latency: float
     source: str
+
+    def __post_init__(self):
+        validate.text(self.name, "a link's name", example="'ICI'", error=SizingError)
+        _number(self.bandwidth, "A link's bandwidth (bytes per second)", "450e9")
+        _number(self.hop_latency, "A link's hop latency (seconds)", "1e-6", zero=True)
+        validate.text(
+            self.source, "a link's source", example="'https://…'", limit=1000, error=SizingError
+        )
 
 
 @dataclass(frozen=True)
@@ -177,6 +204,23 @@ class Hardware:
     domain: int
     source: str
 
+    def __post_init__(self):
+        validate.text(self.name, "a chip's name", example="'H100 SXM'", error=SizingError)
+        _number(self.peak_flops, "A chip's peak FLOP/s", "989e12")
+        _number(self.hbm_bytes, "A chip's HBM (bytes)", "80e9")
+        for which in ("fast", "slow"):
+            if not isinstance(getattr(self, which), Link):
+                raise SizingError(
+                    f"A chip's {which} link must be a book.sizing.Link, not "
+                    f"{validate.describe(getattr(self, which))}."
+                )
+        validate.whole(
+            self.domain, "A chip's fast domain", high=validate.MAX_DEVICES, error=SizingError
+        )
+        validate.text(
+            self.source, "a chip's source", example="'https://…'", limit=1000, error=SizingError
+        )
+
 
 def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits):
     """A TPU: its ICI shared by its ports, its slice's DCN bandwidth shared by its chips."""
@@ -184,8 +228,9 @@ def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits):
         "ICI",
         ici_total / ports,  # an axis's ring uses two of the ports, one way each
         1e-6,
-        f"{page} (bidirectional ICI per chip over its {ports} ports); hop latency: "
-        "https://jax-ml.github.io/scaling-book/tpus/",
+        f"{page} (bidirectional ICI per chip over its {ports} ports); hop latency assumed: "
+        "1 µs, the scaling book's 'typically around 1us' "
+        "(https://jax-ml.github.io/scaling-book/sharding/), not a published figure",
     )
     dcn = Link(
         "DCN",
@@ -198,27 +243,33 @@ def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits):
 
 
 def _gpu(name, page, hbm):
-    """An NVIDIA GPU on an 8-GPU HGX board: NVLink within it, InfiniBand beyond."""
+    """An NVIDIA GPU, the SXM part, on an 8-GPU HGX board: NVLink within it, InfiniBand beyond."""
     nvlink = Link(
         "NVLink",
         450e9,  # 900 GB/s both directions together; NVSwitch gives an axis all of it
         0.6e-6,
-        f"{page} (NVLink 900 GB/s, both directions); hop latency: NCCL's "
-        "src/graph/tuning.cc (https://github.com/NVIDIA/nccl)",
+        f"{page} (NVLink 900 GB/s, both directions); hop latency: NCCL's NVLink figure "
+        "for its ring LL protocol, the smallest of its ring protocols (Simple: 3.4 µs), in "
+        "src/graph/tuning.cc at 5067397 (https://github.com/NVIDIA/nccl); NCCL also adds "
+        "6.6 to 14 µs per collective, which this leaves out",
     )
     infiniband = Link(
         "InfiniBand",
         400e9 / 8,  # one 400 Gb/s NDR adapter per GPU, as in NVIDIA's DGX H100 and H200
-        5e-6,
+        2.7e-6,
         "https://docs.nvidia.com/dgx-basepod/reference-architecture-infrastructure-"
         "foundation-enterprise-ai/latest/core-components.html (DGX H100 and H200: eight "
-        "400 Gb/s ConnectX-7 for eight GPUs); hop latency assumed (5 µs), not published",
+        "400 Gb/s ConnectX-7 for eight GPUs); hop latency: NCCL's network (NET) figure for "
+        "its ring LL protocol, the smallest of its ring protocols (Simple: 14 µs), in "
+        "src/graph/tuning.cc at 5067397 (https://github.com/NVIDIA/nccl)",
     )
     return Hardware(name, 989e12, hbm, nvlink, infiniband, 8, page)
 
 
 # Published figures, not measured here: per chip, dense bfloat16 FLOP/s and HBM bytes; per
 # link kind, the bytes per second one chip sends along one mesh axis and a hop's latency.
+# HBM as the vendors' pages write it, in GB, read as 10**9 bytes (the smaller reading of GB).
+# "H100" and "H200" are the SXM parts of NVIDIA's HGX boards, whose figures these are.
 HARDWARE = {
     "TPU v5e": _tpu(
         "TPU v5e", "https://cloud.google.com/tpu/docs/v5e", 197, 16e9, 400e9, 4, 256, 6.4e12
@@ -227,7 +278,7 @@ HARDWARE = {
         "TPU v5p",
         "https://cloud.google.com/tpu/docs/v5p",
         459,
-        95 * 2**30,
+        95e9,
         1200e9,
         6,
         6144,
@@ -379,7 +430,10 @@ def plan(
     _check_model(model)
     layout = {k: _whole(v, k) for k, v in zip(KINDS, (dp, fsdp, tp, pp))}
     global_batch = _whole(global_batch, "global_batch")
-    seq = _whole(seq, "seq")
+    # Up to 2**20 tokens a sequence: eight times the longest context window of the presets.
+    seq = validate.whole(
+        seq, "seq", high=2**20, too_large="longer than any model here reads", error=SizingError
+    )
     microbatches = _whole(microbatches, "microbatches")
     dtypes = {
         "param_dtype": _dtype(param_dtype, "parameter dtype"),
@@ -405,6 +459,12 @@ def plan(
         raise SizingError(
             f"A global batch of {global_batch} sequences does not split evenly over dp x fsdp "
             f"x microbatches = {split}; choose a multiple of {split}."
+        )
+    if layout["tp"] > model.kv_heads:
+        raise SizingError(
+            f"tp={layout['tp']} is more than the model's {model.kv_heads} K/V heads, by which TP "
+            "splits Q, K and V (chapter 13); choose a tp of at most "
+            f"{model.kv_heads}."
         )
     if model.layers % layout["pp"]:
         raise SizingError(

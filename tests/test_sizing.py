@@ -41,6 +41,7 @@ def test_communication_follows_the_ring_formulas(n):
     # FSDP: every weight gathered twice and its gradient reduce-scattered: 3 (n-1)/n P.
     assert _plan(fsdp=n).comm["fsdp"] == pytest.approx(3 * (n - 1) / n * grads)
     stream = 64 * 4096 * LLAMA_8B.d_model * 2  # bfloat16 activations
+    n = min(n, LLAMA_8B.kv_heads)  # TP splits by K/V head: at most 8 ways
     # TP: 4 all-reduces of the stream a layer, a fifth under full remat (the default), and 2.
     tp = cost.all_reduce_bytes(stream, n) * (5 * LLAMA_8B.layers + 2)
     assert _plan(tp=n).comm["tp"] == pytest.approx(tp)
@@ -115,6 +116,8 @@ def test_hardware_has_sources():
         lambda: sizing.Transformer(2, 64, 128, 6, 4, 64),
         lambda: sizing.Transformer(2, 64, 128, 16, 8, 64, gated="yes"),
         lambda: _plan().seconds("TPU v9"),
+        lambda: sizing.plan(LLAMA_8B, tp=16, global_batch=8, seq=8),  # 8 K/V heads
+        lambda: sizing.plan(LLAMA_8B, global_batch=8, seq=2**31 - 1),
     ],
 )
 def test_refusals_are_one_sentence(call):
@@ -181,3 +184,51 @@ def test_the_plan_equals_the_compiled_data_x_pipeline_step():
 @pytest.mark.slow
 def test_the_plan_equals_the_compiled_pipeline_step():
     _check_pipeline_against_compiled((8,))
+
+
+H100 = sizing.HARDWARE["H100"]
+
+
+@pytest.mark.parametrize(
+    "chip, link",
+    [
+        ({"peak_flops": 0}, None),
+        ({"peak_flops": -1e12}, None),
+        ({"peak_flops": float("nan")}, None),
+        ({"peak_flops": "989e12"}, None),
+        ({"hbm_bytes": -1}, None),
+        ({"hbm_bytes": float("inf")}, None),
+        ({"slow": None}, None),
+        ({"domain": 0}, None),
+        ({"domain": -8}, None),
+        ({"domain": 8.5}, None),
+        ({"domain": float("nan")}, None),
+        ({"name": None}, None),
+        (None, {"bandwidth": 0}),
+        (None, {"bandwidth": -5}),
+        (None, {"bandwidth": float("nan")}),
+        (None, {"hop_latency": -1}),
+        (None, {"hop_latency": float("nan")}),
+        (None, {"hop_latency": True}),
+    ],
+)
+def test_hardware_and_links_refuse_what_no_chip_has(chip, link):
+    import dataclasses
+
+    with pytest.raises(sizing.SizingError) as err:
+        if chip is not None:
+            dataclasses.replace(H100, **chip)
+        else:
+            dataclasses.replace(H100.fast, **link)
+    message = str(err.value)
+    assert message.endswith(".") and "\n" not in message and len(message) < 300
+
+
+def test_hardware_built_from_wrong_kinds_is_refused_and_zero_latency_is_not():
+    import dataclasses
+
+    with pytest.raises(sizing.SizingError, match="peak FLOP/s"):
+        sizing.Hardware("x", "y", "z", None, None, "8", "s")
+    fast = dataclasses.replace(H100.fast, hop_latency=0)
+    s = _plan(tp=8).seconds(dataclasses.replace(H100, fast=fast, peak_flops=1e15))
+    assert 0 < s.mfu <= 1 and s.links["tp"] == "NVLink"

@@ -12,14 +12,14 @@ from book.forms import sizing as form
 def test_render_shows_memory_and_the_bound():
     page = form.render_sizing("Llama 3 70B", "TPU v5p", "FSDP x TP, SP", "1024")
     assert "Llama 3 70B on 1,024 TPU v5p chips, FSDP x TP, SP (fsdp=128, tp=8)" in page
-    assert "Fits in its 102 GB of HBM (95.0 GiB)" in page
+    assert "The counted state and activations fit in its 95 GB of HBM (88.5 GiB)" in page
     assert "GiB per device" in page and "MFU at most" in page
     assert "(ICI)" in page and "bk-viz bk-error" not in page
 
 
 def test_a_layout_too_large_for_the_chip_says_so():
     page = form.render_sizing("Llama 3 70B", "TPU v6e", "FSDP x TP", "256")
-    assert "Does not fit in its 32 GB of HBM (29.8 GiB)" in page
+    assert "The counted state and activations do not fit in its 32 GB of HBM (29.8 GiB)" in page
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,9 @@ def test_a_layout_too_large_for_the_chip_says_so():
         (("Llama 3 8B", "H100", "FSDP", "eight"), "positive whole number"),
         (("Llama 3 8B", "H100", "FSDP", "99999"), "too large"),
         (("Llama 3 8B", "H100", "FSDP", "256", "1000"), "does not split evenly"),
-        (("Llama 3 8B", "H100", "FSDP", "256", 1024, "0"), "positive whole number"),
+        (("Llama 3 8B", "H100", "FSDP", "256", 1024, "0"), "must be at least 128"),
+        (("Llama 3 8B", "H100", "FSDP", "256", 1024, "1"), "must be at least 128"),
+        (("Llama 3 8B", "H100", "FSDP", "256", 1024, "2147483647"), "context window"),
     ],
 )
 def test_bad_choices_give_one_sentence(args, sentence):

@@ -10,8 +10,8 @@ import numpy as np
 from book.exercises.core import Wrong, answered, checker, need
 
 # Exercise 18.1: Llama 3 8B on H100s, FSDP only, this batch.
-_FIT = {"global_batch": 512, "seq": 4096}
-_FIT_DEGREES = tuple(2**k for k in range(10))  # 1 to 512: every degree the batch allows
+_FIT = {"global_batch": 256, "seq": 4096}
+_FIT_DEGREES = tuple(2**k for k in range(9))  # 1 to 256: every degree the batch allows
 # Exercise 18.2: the cases a reader's function is called with: (model, tp, global batch, seq).
 _TP_CASES = (
     ("Llama 3 8B", 8, 64, 4096),
@@ -39,22 +39,24 @@ def ch18_smallest_fsdp(fsdp):
     )
     need(
         int(fsdp) in _FIT_DEGREES,
-        f"fsdp={fsdp} is not a power of two up to 512 that splits the batch of 512 sequences.",
+        f"fsdp={fsdp} is not a power of two up to 256 that splits the batch of 256 sequences.",
     )
     smallest = next(k for k in _FIT_DEGREES if _fits(k))
-    gib = sizing.plan(sizing.PRESETS["Llama 3 8B"], fsdp=int(fsdp), **_FIT).memory["total"]
+    total = sizing.plan(sizing.PRESETS["Llama 3 8B"], fsdp=int(fsdp), **_FIT).memory["total"]
+    hbm = sizing.HARDWARE["H100"].hbm_bytes
     need(
         _fits(int(fsdp)),
-        f"Not {fsdp}: the plan needs {gib / 2**30:.1f} GiB per device there, more than an "
-        "H100's 80 GB; look at which part of the memory shrinks as fsdp grows.",
+        f"Not {fsdp}: the plan needs {total / 1e9:.1f} GB ({total / 2**30:.1f} GiB) per "
+        f"device there, more than an H100's {hbm / 1e9:.0f} GB ({hbm / 2**30:.1f} GiB); look "
+        "at which part of the memory shrinks as fsdp grows.",
     )
     need(
         int(fsdp) == smallest,
         f"Not {fsdp}: it fits, but so does fsdp={int(fsdp) // 2}; find the smallest.",
     )
     return (
-        f"fsdp={smallest}: {gib / 2**30:.1f} GiB per device, most of it activations, which "
-        "shrink with the sequences each device holds."
+        f"fsdp={smallest}: {total / 1e9:.1f} GB ({total / 2**30:.1f} GiB) per device, most "
+        "of it activations, which shrink with the sequences each device holds."
     )
 
 

@@ -73,14 +73,19 @@ def check_sizing(model, hardware, layout, chips, global_batch, seq) -> Choice:
     hardware = validate.choice(hardware, list(sizing.HARDWARE), "a chip", error=error)
     chips = _chip_count(chips, text=True)
     degrees = layout_degrees(layout, chips)
-    numbers = [
-        validate.whole(value, name, text=True, example=SIZING_DEFAULTS[key], error=error)
-        for value, name, key in (
-            (global_batch, "The global batch", "global_batch"),
-            (seq, "The sequence length", "seq"),
-        )
-    ]
-    return Choice(model, hardware, layout, chips, tuple(degrees.items()), *numbers)
+    batch = validate.whole(global_batch, "The global batch", text=True, example=1024, error=error)
+    # From a sequence short enough that latency swamps the step to Llama 3.1's 128K window.
+    seq = validate.whole(
+        seq,
+        "The sequence length",
+        low=128,
+        high=131072,
+        text=True,
+        example=4096,
+        too_large="longer than Llama 3.1's context window",
+        error=error,
+    )
+    return Choice(model, hardware, layout, chips, tuple(degrees.items()), batch, seq)
 
 
 def render_sizing(
@@ -114,8 +119,9 @@ def _body(c: Choice, p: sizing.Plan, hw: sizing.Hardware) -> str:
         f"<div class='bk-viz'><b>{html.escape(c.model)} on {c.chips:,} {html.escape(hw.name)} "
         f"chips, {html.escape(c.layout)} ({html.escape(degrees)})</b>: {c.global_batch:,} "
         f"sequences of {c.seq:,} tokens per step. "
-        f"{'Fits' if fits else 'Does not fit'} in its {hw.hbm_bytes / 1e9:.0f} GB of HBM "
-        f"({hw.hbm_bytes / _GIB:.1f} GiB).</div>"
+        f"The counted state and activations {'fit' if fits else 'do not fit'} in its "
+        f"{hw.hbm_bytes / 1e9:.0f} GB of HBM ({hw.hbm_bytes / _GIB:.1f} GiB); temporaries "
+        "such as gathered weights and the float32 logits are not counted.</div>"
     )
     memory = display.table(
         ["params", "grads", "optimizer", "activations", "total", "HBM"],
