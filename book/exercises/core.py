@@ -460,6 +460,21 @@ def fresh_source(folder, num_examples, features, seed):
     return book.data.write(folder, x=values.astype(np.float32))
 
 
+def takes(fn, args, sentence: str) -> None:
+    """Refuse in ``sentence`` a reader's function that cannot be called with ``args``.
+
+    A wrong signature fails in the call itself, before a line of the reader's code runs, so it
+    is said plainly instead of as an error inside the reader's code. A callable whose signature
+    Python cannot read is let through, to be called.
+    """
+    try:
+        inspect.signature(fn).bind(*args)
+    except TypeError:
+        raise Wrong(sentence) from None
+    except ValueError:
+        pass
+
+
 def ints(shape, seed):
     """Small integers as float32: every sum is exact, so a parallel result equals NumPy's."""
     return np.random.default_rng(seed).integers(-2, 3, size=shape).astype(np.float32)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, checker, need
+from book.exercises.core import Wrong, answered, checker, need, takes
 
 # Exercise 18.1: Llama 3 8B on H100s, FSDP only, this batch.
 _FIT = {"global_batch": 256, "seq": 4096}
@@ -68,15 +67,12 @@ def ch18_tp_bytes(tp_bytes):
     answered(tp_bytes, "define tp_bytes(model, tp, global_batch, seq)")
     need(callable(tp_bytes), "tp_bytes must be a function of (model, tp, global_batch, seq).")
     name, tp, batch, seq = _TP_CASES[0]
-    try:  # a wrong signature fails in the call itself, before a line of the reader's runs
-        inspect.signature(tp_bytes).bind(sizing.PRESETS[name], tp, batch, seq)
-    except TypeError:
-        raise Wrong(
-            "tp_bytes should take four arguments, (model, tp, global_batch, seq), as the "
-            "exercise's cell defines it."
-        ) from None
-    except ValueError:  # a callable whose signature Python cannot read: just call it
-        pass
+    takes(
+        tp_bytes,
+        (sizing.PRESETS[name], tp, batch, seq),
+        "tp_bytes should take four arguments, (model, tp, global_batch, seq), as the "
+        "exercise's cell defines it.",
+    )
     for name, tp, batch, seq in _TP_CASES:
         model = sizing.PRESETS[name]
         want = sizing.plan(model, tp=tp, global_batch=batch, seq=seq, remat="none").comm["tp"]
