@@ -66,8 +66,9 @@ def pipeline_loss(params, tokens, targets, cfg, v=1, data_axis=None, policy=None
         state, buffer = carry
         k = work(t, s, m, v)
         state = jnp.where(s == 0, buffer[t % m], state)  # stage 0 starts item t
-        # One group is the same at every step: a group chosen by a traced index would
-        # be kept for the backward at every step, a copy of the stage's weights each.
+        # With v = 1 the group is the same at every step, so the backward keeps its
+        # weights once; with v > 1 the index depends on the step, and the backward keeps
+        # a copy of one group's weights per step (see the circular schedule).
         index = 0 if v == 1 else jnp.maximum(k, 0) // m
         group = jax.tree.map(lambda a: a[index], mine)
         state = transformer.run_blocks(state, group, cfg, policy=policy)
