@@ -421,11 +421,12 @@ def plan(
     - PP runs chapter 14's schedule: ``microbatches + pp - 1`` steps, at each of which every
       stage sends a microbatch's activations forward and, in the backward pass, their
       gradients back; each stage holds ``layers / pp`` layers and, as in chapter 14, the
-      embedding, final norm and unembedding, whose gradients are all-reduced over ``pp``;
-      the stages keep every microbatch's activations until its backward pass (GPipe's
-      order, chapter 14's scan). Chapter 14's program also keeps its ``pp - 1`` idle steps'
-      activations, and all-reduces the embedded tokens' gradient where this counts the
-      embedding's; chapter 18 bounds both differences.
+      embedding, final norm and unembedding: over ``pp`` it all-reduces the final norm's
+      and unembedding's gradients, and the embedded tokens' gradient (in the compute dtype),
+      from which each stage computes the embedding's; the stages keep every microbatch's
+      activations until its backward pass (GPipe's order, chapter 14's scan). Chapter 14's
+      program also runs its layers, and their FSDP and TP collectives, at its ``pp - 1``
+      idle steps, and keeps those steps' activations; chapter 18 accounts for both.
     """
     _check_model(model)
     layout = {k: _whole(v, k) for k, v in zip(KINDS, (dp, fsdp, tp, pp))}
@@ -542,8 +543,11 @@ def plan(
     # PP: a microbatch's activations forward and their gradients back, at every schedule step.
     steps = microbatches + layout["pp"] - 1
     add("pp", "collective-permute", "activations and their gradients", stream, 2 * steps, False)
-    ends_grads = sum(ends.values()) * b["grad_dtype"]  # the ends, replicated over stages
-    add("pp", "all-reduce", "the ends' gradients", ends_grads, 1, False)
+    # The ends, replicated over stages: the final norm's and unembedding's gradients as held,
+    # and the embedded tokens' gradient, from which every stage computes the embedding's.
+    head = (ends["final_norm"] + ends["unembed"]) * b["grad_dtype"]
+    add("pp", "all-reduce", "the final norm's and unembedding's gradients", head, 1, False)
+    add("pp", "all-reduce", "the embedded tokens' gradient", stream * microbatches, 1, False)
     comm = dict.fromkeys(KINDS, 0.0)
     for c in collectives:
         comm[c.kind] += c.sent * c.count

@@ -64,10 +64,16 @@ def test_tp_bytes_grow_with_the_batch_and_dp_bytes_do_not():
 def test_pipeline_sends_every_schedule_step():
     p = sizing.plan(LLAMA_70B, pp=4, global_batch=32, seq=4096, microbatches=8)
     stream = 32 // 8 * 4096 * LLAMA_70B.d_model * 2
-    sent = {c.op: c.sent * c.count for c in p.collectives if c.kind == "pp"}
+    sent = {}
+    for c in p.collectives:
+        if c.kind == "pp":
+            sent[c.op] = sent.get(c.op, 0) + c.sent * c.count
     assert sent["collective-permute"] == 2 * (8 + 4 - 1) * stream
-    ends = 2 * LLAMA_70B.vocab * LLAMA_70B.d_model + LLAMA_70B.d_model
-    assert sent["all-reduce"] == cost.all_reduce_bytes(4 * ends, 4)  # replicated ends
+    # The final norm's and unembedding's float32 gradients, and the embedded tokens' bfloat16
+    # gradient: the ends are replicated over the stages.
+    head = LLAMA_70B.vocab * LLAMA_70B.d_model + LLAMA_70B.d_model
+    reduced = cost.all_reduce_bytes(4 * head, 4) + cost.all_reduce_bytes(8 * stream, 4)
+    assert sent["all-reduce"] == pytest.approx(reduced)
     assert (
         p.memory["params"] < sizing.plan(LLAMA_70B, global_batch=32, seq=4096).memory["params"] / 3
     )
@@ -155,9 +161,20 @@ def test_the_plan_equals_the_compiled_step(name):
     _check_against_compiled(name, (8,))
 
 
-# Chapter 14's pipeline of the same transformer (book.lessons.planning.check_pipeline asserts
-# it): with data parallelism here, the pipeline alone marked slow.
-def _check_pipeline_against_compiled(mesh_shape):
+# Chapter 14's pipeline of the same transformer, alone and with each layout inside its stages
+# (book.lessons.planning.check_pipeline asserts every byte of it).
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mesh_shape, axes",
+    [
+        ((8,), ("stage",)),
+        ((2, 4), ("data", "stage")),
+        ((2, 4), ("fsdp", "stage")),
+        ((2, 4), ("model", "stage")),
+        ((2, 2, 2), ("fsdp", "model", "stage")),
+    ],
+)
+def test_the_plan_equals_the_compiled_pipeline_step(mesh_shape, axes):
     import dataclasses
 
     import numpy as np
@@ -169,21 +186,19 @@ def _check_pipeline_against_compiled(mesh_shape):
     rng = np.random.default_rng(0)
     sequences = rng.integers(0, cfg.vocab, (16, 17)).astype(np.int32)
     tokens, targets = sequences[:, :-1], sequences[:, 1:]
-    degrees, got, plan = planning.check_pipeline(cfg, mesh_shape, 4, tokens, targets)
-    assert degrees["pp"] == mesh_shape[-1]
-    steps = 4 + degrees["pp"] - 1  # each sends a microbatch's stream forward and back
-    stream = 16 // (4 * degrees.get("dp", 1)) * 16 * cfg.d_model * 4
+    m = 4
+    degrees, got, plan = planning.check_pipeline(cfg, mesh_shape, axes, m, tokens, targets)
+    p = degrees["pp"]
+    assert p == mesh_shape[-1]
+    steps = m + p - 1  # each sends a microbatch's stream forward and back
+    split = degrees.get("dp", 1) * degrees.get("fsdp", 1)
+    stream = 16 // (m * split) * 16 * cfg.d_model * 4
     assert got["permutes"] == pytest.approx(2 * steps * stream)
     assert got["params"] == plan.memory["params"] and got["grads"] == plan.memory["grads"]
-
-
-def test_the_plan_equals_the_compiled_data_x_pipeline_step():
-    _check_pipeline_against_compiled((2, 4))
-
-
-@pytest.mark.slow
-def test_the_plan_equals_the_compiled_pipeline_step():
-    _check_pipeline_against_compiled((8,))
+    if "tp" in degrees:  # five all-reduces of the stream per layer, at every step
+        layers = cfg.n_layers // p
+        per_layer = 5 * sum(cost.all_reduce_bytes(stream, 2) for _ in range(steps))
+        assert got["loops"]["tp"] == pytest.approx(layers * per_layer)
 
 
 H100 = sizing.HARDWARE["H100"]

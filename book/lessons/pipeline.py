@@ -45,19 +45,24 @@ def schedule(p, m, v=1):
     return work(np.arange(steps)[None, :], np.arange(p)[:, None], m, v)
 
 
-def pipeline_loss(params, tokens, targets, cfg, v=1, data_axis=None, policy=None):
+def pipeline_loss(params, tokens, targets, cfg, v=1, axes=(), policy=None):
     """The loss of m microbatches through the stages of the `stage` axis, on one stage.
 
     params["blocks"]: this stage's v groups of layers, (1, v, layers per group, ...);
-    tokens and targets: (m, microbatch, seq), the same on every stage.
+    tokens and targets: (m, microbatch, seq), the same on every stage. axes: the mesh's
+    axes among INNER_AXES, which split each stage's work.
     """
     m = tokens.shape[0]
     p, s = jax.lax.axis_size("stage"), jax.lax.axis_index("stage")
     assert v == 1 or m >= p, "a microbatch must be back at stage 0 for its next trip"
     mine = jax.tree.map(lambda a: a[0], params["blocks"])
-    if data_axis:  # cast once, so that the gradients' all-reduce runs once too
-        mine = jax.lax.pcast(mine, data_axis, to="varying")
-    x = params["embed"][tokens]  # (m, microbatch, seq, d_model)
+    ends = {name: params[name] for name in ("embed", "final_norm", "unembed")}
+    if "data" in axes:  # cast once, so that the gradients' all-reduce runs once too
+        mine, ends = jax.lax.pcast((mine, ends), "data", to="varying")
+    for name in ("final_norm", "unembed"):  # reduced over the stages as held here
+        ends[name] = jax.lax.pcast(ends[name], "stage", to="varying")
+    ends = gathered(ends, transformer.PARAM_AXES, axes)
+    x = embed(ends["embed"], tokens, axes)  # (m, microbatch, seq, d_model)
     buffer = jax.lax.pcast(x, "stage", to="varying")  # stage 0's slots
     state = jax.lax.pcast(jnp.zeros_like(x[0]), "stage", to="varying")
     ring = [(i, (i + 1) % p) for i in range(p)]
@@ -71,7 +76,7 @@ def pipeline_loss(params, tokens, targets, cfg, v=1, data_axis=None, policy=None
         # a copy of one group's weights per step (see the circular schedule).
         index = 0 if v == 1 else jnp.maximum(k, 0) // m
         group = jax.tree.map(lambda a: a[index], mine)
-        state = transformer.run_blocks(state, group, cfg, policy=policy)
+        state = run_stage(state, group, cfg, axes, policy)
         state = jax.lax.ppermute(state, "stage", ring)
         # What the last stage finished at this step has reached stage 0: to its slot.
         done = work(t, p - 1, m, v)
@@ -81,28 +86,127 @@ def pipeline_loss(params, tokens, targets, cfg, v=1, data_axis=None, policy=None
 
     steps = jnp.arange(v * m + p - 1)
     (_, buffer), trace = jax.lax.scan(step, (state, buffer), steps)
-    y = transformer.rms_norm(buffer, params["final_norm"])
-    log_probs = jax.nn.log_softmax(jnp.einsum("mbsd,dv->mbsv", y, params["unembed"]))
-    loss = -jnp.mean(jnp.sum(jax.nn.one_hot(targets, cfg.vocab) * log_probs, axis=-1))
+    y = transformer.rms_norm(buffer, ends["final_norm"])
+    loss = cross_entropy(y, ends["unembed"], targets, axes)
     loss = jax.lax.psum(jnp.where(s == 0, loss, 0.0), "stage")
-    if data_axis:
-        loss = jax.lax.pmean(loss, data_axis)
+    batch = tuple(a for a in BATCH_AXES if a in axes)
+    if batch:
+        loss = jax.lax.pmean(loss, batch)
     return loss, trace
 
 
-def make_pipeline(cfg, params, mesh, tokens, targets, m, v=1, data_axis=None):
+INNER_AXES = ("data", "fsdp", "model")  # the axes a pipeline's mesh may add to "stage"
+BATCH_AXES = ("data", "fsdp")  # those of them that split the microbatches' sequences
+# Chapter 13's logical names, with a block's "layers" regrouped by by_stage.
+STAGED_AXES = {
+    **transformer.PARAM_AXES,
+    "blocks": {
+        name: ("layers", None, None, *names[1:])
+        for name, names in transformer.PARAM_AXES["blocks"].items()
+    },
+}
+LAYER_AXES = {
+    name: names[1:] for name, names in transformer.PARAM_AXES["blocks"].items()
+}
+
+
+def param_specs(mesh):
+    """Each staged parameter's PartitionSpec: its layers over "stage", and chapter 13's
+    FSDP and TP rules for the mesh axes among "fsdp" and "model" it has."""
+    rules = {"layers": "stage", "embed": "fsdp", **transformer.TP_RULES}
+    rules = {name: axis for name, axis in rules.items() if axis in mesh.axis_names}
+    return jax.tree.map(
+        lambda names: transformer.logical_spec(names, rules),
+        STAGED_AXES,
+        is_leaf=lambda names: isinstance(names, tuple),
+    )
+
+
+def gathered(arrays, names, axes):
+    """Each array whole along its "embed" dimension: gathered over "fsdp" if in axes."""
+    if "fsdp" not in axes:
+        return arrays
+    return {
+        key: jax.lax.all_gather(a, "fsdp", axis=names[key].index("embed"), tiled=True)
+        for key, a in arrays.items()
+    }
+
+
+def tp_block(x, p, cfg):
+    """Chapter 13's block on this device's heads and MLP hidden units (chapter 9).
+
+    The attention's output projection and the MLP's second matmul each give a partial
+    sum of the residual stream; a psum over "model" completes it.
+    """
+    attn = transformer.attention(transformer.rms_norm(x, p["attn_norm"]), p, cfg, None)
+    x = x + jax.lax.psum(attn, "model")
+    normed = transformer.rms_norm(x, p["mlp_norm"])
+    hidden = jax.nn.gelu(jnp.einsum("bsd,df->bsf", normed, p["w_in"]))
+    return x + jax.lax.psum(jnp.einsum("bsf,fd->bsd", hidden, p["w_out"]), "model")
+
+
+def run_stage(x, group, cfg, axes, policy=None):
+    """The stream through a group of layers; policy, when given, remats each layer.
+
+    Each layer gathers its own weights, so that with remat the backward gathers them
+    again instead of keeping them whole.
+    """
+
+    def layer(x, p):  # scan feeds it one layer's slice of every parameter
+        p = gathered(p, LAYER_AXES, axes)
+        if "model" in axes:
+            return tp_block(x, p, cfg), None
+        return transformer.block(x, p, cfg, None), None
+
+    if policy is not None:
+        layer = jax.checkpoint(layer, policy=policy)
+    return jax.lax.scan(layer, x, group)[0]
+
+
+def embed(table, tokens, axes):
+    """The tokens' embeddings. With "model", table holds a slice of the vocabulary:
+    each device looks up the tokens in its slice, zeros for the others, and a psum
+    over "model" adds the slices' answers."""
+    if "model" not in axes:
+        return table[tokens]
+    rows = table.shape[0]
+    mine = tokens - jax.lax.axis_index("model") * rows
+    mine = jnp.where((mine >= 0) & (mine < rows), mine, rows)  # others: out of range
+    found = jnp.take(table, mine, axis=0, mode="fill", fill_value=0)
+    return jax.lax.psum(found, "model")
+
+
+def cross_entropy(y, unembed, targets, axes):
+    """Mean cross-entropy of the next tokens. With "model", unembed holds a slice of
+    the vocabulary: each device computes its slice's logits, and the softmax's maximum
+    and sum, and the target's logit, are completed over "model"."""
+    logits = jnp.einsum("mbsd,dv->mbsv", y, unembed)
+    if "model" not in axes:
+        log_probs = jax.nn.log_softmax(logits)
+        picked = jnp.sum(jax.nn.one_hot(targets, logits.shape[-1]) * log_probs, axis=-1)
+        return -jnp.mean(picked)
+    rows = logits.shape[-1]
+    top = jax.lax.pmax(jax.lax.stop_gradient(logits.max(-1, keepdims=True)), "model")
+    total = jax.lax.psum(jnp.sum(jnp.exp(logits - top), axis=-1), "model")
+    mine = targets - jax.lax.axis_index("model") * rows
+    picked = jnp.take_along_axis(logits, jnp.clip(mine, 0, rows - 1)[..., None], -1)
+    picked = jnp.where((mine >= 0) & (mine < rows), picked[..., 0], 0.0)
+    return jnp.mean(jnp.log(total) + top[..., 0] - jax.lax.psum(picked, "model"))
+
+
+def make_pipeline(cfg, params, mesh, tokens, targets, m, v=1, policy=None):
     """The jitted pipeline step on mesh, and its arguments placed on the mesh.
 
     tokens, targets: (batch, seq), cut into m microbatches of batch // m sequences.
     """
     p = mesh.shape["stage"]
-    specs = {name: P() for name in params}
-    specs["blocks"] = jax.tree.map(lambda _: P("stage"), params["blocks"])
-    batch = P(None, data_axis)
+    axes = tuple(axis for axis in INNER_AXES if axis in mesh.axis_names)
+    specs = param_specs(mesh)
+    batch = P(None, tuple(axis for axis in BATCH_AXES if axis in axes) or None)
 
     def step(params, tokens, targets):
         loss_and_grad = jax.value_and_grad(pipeline_loss, has_aux=True)
-        return loss_and_grad(params, tokens, targets, cfg, v, data_axis)
+        return loss_and_grad(params, tokens, targets, cfg, v, axes, policy)
 
     out_specs = ((P(), P("stage")), specs)
     step = jax.shard_map(

@@ -24,7 +24,7 @@ from book.lessons.transformer import (
     make_step,
     param_shardings,
 )
-from book.lessons.pipeline import make_pipeline, pipeline_loss
+from book.lessons.pipeline import INNER_AXES, make_pipeline, pipeline_loss
 
 
 FAST = {"xla_backend_optimization_level": 0}  # tiny programs: compile quickly
@@ -249,26 +249,23 @@ def check_layout(cfg, name, mesh_shape, tokens, targets):
     return degrees, got, plans
 
 
-def pipeline_for(cfg, mesh_shape, m, tokens, targets):
-    """Chapter 14's step on a stage mesh, or a data x stage one, and its arguments."""
-    axes = ("stage",) if len(mesh_shape) == 1 else ("data", "stage")
-    types = (AxisType.Explicit,) * len(axes)
-    mesh = jax.make_mesh(mesh_shape, axes, axis_types=types)
-    data_axis = "data" if "data" in axes else None
+def pipeline_for(cfg, mesh_shape, axes, m, tokens, targets):
+    """Chapter 14's step on a mesh of these axes, with full remat, and its arguments."""
+    mesh = jax.make_mesh(mesh_shape, axes, axis_types=(AxisType.Explicit,) * len(axes))
+    full = jax.checkpoint_policies.nothing_saveable  # full remat, the plan's default
     params = init_params(cfg)
-    step, args = make_pipeline(
-        cfg, params, mesh, tokens, targets, m, data_axis=data_axis
-    )
+    step, args = make_pipeline(cfg, params, mesh, tokens, targets, m, policy=full)
     degrees = {KIND[axis]: size for axis, size in zip(axes, mesh_shape, strict=True)}
-    return step, args, mesh, data_axis, degrees
+    return step, args, mesh, degrees
 
 
-def pipeline_kept(cfg, mesh, args, data_axis, policy):
+def pipeline_kept(cfg, mesh, args, policy):
     """Bytes per device the pipeline keeps for its backward pass, less parameters."""
     specs = jax.tree.map(lambda a: a.sharding.spec, args)
+    inner = tuple(axis for axis in INNER_AXES if axis in mesh.axis_names)
 
     def loss(params, tokens, targets):
-        return pipeline_loss(params, tokens, targets, cfg, 1, data_axis, policy)[0]
+        return pipeline_loss(params, tokens, targets, cfg, 1, inner, policy)[0]
 
     loss = jax.shard_map(loss, mesh=mesh, in_specs=specs, out_specs=P())
 
@@ -295,19 +292,67 @@ def pipeline_slack(cfg, plan, m, p, local_tokens, batch, seq):
 
     The estimate keeps m microbatches' layer activations; the scan keeps all m + p - 1
     steps', idle ones included (chapter 14). Outside the layers the estimate keeps four
-    arrays of the stream and the logits for every token; beyond that, activation_slack.
+    arrays of the stream and the logits for every token; with FSDP the program also
+    keeps the final norm and unembedding it gathered, for the backward pass; beyond
+    that, activation_slack.
     """
-    ends = local_tokens * (4 * cfg.d_model + cfg.vocab) * 4
+    tp, fsdp = plan.layout["tp"], plan.layout["fsdp"]
+    ends = local_tokens * (4 * cfg.d_model + math.ceil(cfg.vocab / tp)) * 4
     idle = (plan.memory["activations"] - ends) * (p - 1) // m
-    return idle + activation_slack(cfg, batch, seq, local_tokens, "full")
+    gathered = (cfg.d_model + cfg.d_model * math.ceil(cfg.vocab / tp)) * 4
+    slack = activation_slack(cfg, batch, seq, local_tokens, "full")
+    return idle + slack + (gathered if fsdp > 1 else 0)
 
 
-def check_pipeline(cfg, mesh_shape, m, tokens, targets):
+def schedule_sent(plan, kind, m, p):
+    """The calculator's bytes in the layers over one kind of axis, at every step.
+
+    The plan counts m microbatches; chapter 14's program runs each layer at all
+    m + p - 1 steps of its schedule, each reduction (and TP's all-reduces) once a step.
+    Its forward gathers, with v = 1, depend on the stage's weights alone and run once,
+    before the schedule's loop; the backward gathers again at every step.
+    """
+    steps, sent = m + p - 1, 0.0
+    for c in plan.collectives:
+        if c.kind == kind and c.in_layers:
+            per_microbatch = c.sent * c.count / m
+            if c.op == "all-gather":  # half of them forward, half backward
+                sent += per_microbatch / 2 * (1 + steps)
+            else:
+                sent += per_microbatch * steps
+    return sent
+
+
+def pipeline_expected(cfg, plan, kind, m, local_tokens):
+    """What chapter 14's program sends over one kind of axis in a step, by the plan.
+
+    The layers at every step of the schedule (schedule_sent); the ends as the plan
+    counts them, but FSDP's gathered once and reduced once for all the microbatches;
+    over TP three numbers more per token (the split softmax's maximum and sum, and the
+    target's logit); and the loss, summed over the stages and averaged over the batch.
+    """
+    p, n = plan.layout["pp"], plan.layout[kind]
+    ends = plan.comm[kind] - in_layers(plan, kind)
+    if kind == "fsdp":
+        ends = sum(
+            c.sent for c in plan.collectives if c.kind == kind and not c.in_layers
+        )
+    if kind == "tp":
+        return (
+            schedule_sent(plan, kind, m, p)
+            + ends
+            + 3 * cost.all_reduce_bytes(local_tokens * 4, n)
+        )
+    layers = (
+        schedule_sent(plan, kind, m, p) if kind == "fsdp" else in_layers(plan, kind)
+    )
+    return layers + ends + cost.all_reduce_bytes(4, n)
+
+
+def check_pipeline(cfg, mesh_shape, axes, m, tokens, targets):
     """Compile chapter 14's pipeline and plan it: equal, or within stated bounds."""
     batch, seq = tokens.shape
-    step, args, mesh, data_axis, degrees = pipeline_for(
-        cfg, mesh_shape, m, tokens, targets
-    )
+    step, args, mesh, degrees = pipeline_for(cfg, mesh_shape, axes, m, tokens, targets)
     compiled = step.lower(*args).compile(FAST)
     full = jax.checkpoint_policies.nothing_saveable  # full remat, the plan's default
     got = {
@@ -315,20 +360,22 @@ def check_pipeline(cfg, mesh_shape, m, tokens, targets):
         "params": shard_bytes(compiled.input_shardings[0][0], args[0]),
         "grads": shard_bytes(compiled.output_shardings[1], args[0]),
         "optimizer": adamw_bytes(args[0], compiled.input_shardings[0][0]),
-        "activations": pipeline_kept(cfg, mesh, args, data_axis, full),
+        "activations": pipeline_kept(cfg, mesh, args, full),
     }
-    got["comm"], _ = sent_by_kind(compiled, mesh)
+    got["comm"], got["loops"] = sent_by_kind(compiled, mesh)
     trips = loop_trips(compiled)
     got["permutes"] = sum(
         cost.ring_bytes(row) * trips.get(row.computation, 1)
         for row in hlo.collectives(compiled)
         if row.op == "collective-permute"
     )
-    plan = planned(cfg, degrees, batch, seq, "full", "all-reduce", m)
-    p, dp = degrees["pp"], degrees.get("dp", 1)
+    ops = {row.op for row in hlo.collectives(compiled)}
+    reduce = "reduce-scatter" if "reduce-scatter" in ops else "all-reduce"
+    plan = planned(cfg, degrees, batch, seq, "full", reduce, m)
+    p = degrees["pp"]
     for part in ("params", "grads", "optimizer"):  # the state: byte for byte
         assert got[part] == plan.memory[part], part
-    local = batch // dp * seq
+    local = batch // (degrees.get("dp", 1) * degrees.get("fsdp", 1)) * seq
     want = plan.memory["activations"]  # and the idle steps, and the slack
     slack = pipeline_slack(cfg, plan, m, p, local, batch, seq)
     assert want <= got["activations"] <= want + slack
@@ -337,20 +384,11 @@ def check_pipeline(cfg, mesh_shape, m, tokens, targets):
         c.sent * c.count for c in plan.collectives if c.op == "collective-permute"
     )
     assert math.isclose(got["permutes"], permutes, rel_tol=1e-12)
-    # The rest, all-reduces: every block gradient over dp, and the ends.
-    if dp > 1:
-        assert in_layers(plan, "dp") <= got["comm"]["dp"] <= plan.comm["dp"]
-        # The final norm's and unembedding's gradients, over both axes at once.
-        ends = (cfg.d_model + cfg.d_model * cfg.vocab) * 4
-        both = cost.all_reduce_bytes(ends, dp * p)
-        assert math.isclose(got["comm"]["between"], both, rel_tol=1e-12)
-    reduced = sum(got["comm"].values()) - got["permutes"]
-    # The ends: the program reduces the embedded tokens' gradient and the loss over the
-    # stages, where the calculator reduces the embedding's gradient.
-    swap = cost.all_reduce_bytes(4 + local * cfg.d_model * 4, p)
-    swap -= cost.all_reduce_bytes(cfg.vocab * cfg.d_model * 4, p)
-    bound = sum(plan.comm.values()) - permutes + swap
-    assert reduced <= bound * (1 + 1e-12)
-    if dp == 1:
-        assert math.isclose(reduced, bound, rel_tol=1e-12)
+    assert set(got["comm"]) == set(degrees)  # each collective over one axis
+    for kind in degrees:
+        if kind in ("fsdp", "tp"):  # the layers, at every step of the schedule
+            layers = schedule_sent(plan, kind, m, p)
+            assert math.isclose(got["loops"][kind], layers, rel_tol=1e-12), kind
+        expected = pipeline_expected(cfg, plan, kind, m, local)
+        assert math.isclose(got["comm"][kind], expected, rel_tol=1e-12), kind
     return degrees, got, plan
