@@ -82,6 +82,7 @@ RESULTS = {
         "the pipeline on 8 stages equals one device",
         "pipeline x data on the 2x4 mesh equals one device",
         "the forward scan saves",
+        "pipeline x FSDP x TP on the 2x2x2 mesh equals one device",
     ],
     "15_experts_and_long_sequences": [
         "the MoE layer on 8 devices equals one device",
@@ -109,7 +110,7 @@ RESULTS = {
     ],
     "18_planning_a_real_run": [
         "4 layouts compiled and planned: every check holds",
-        "2 pipelines compiled and planned: every check holds",
+        "5 pipelines compiled and planned: every check holds",
     ],
 }
 
@@ -155,6 +156,7 @@ TABLES = {
         *(f"<b>{title}</b>" for title in COLLECTIVE_TITLES),
     ],
     "06_collective_matmul": [("<table class='bk-table'>", 6)],
+    "14_pipeline_parallelism": ["pipeline x FSDP x TP on the 2x2x2 mesh"],
     "13_transformer_3d": [
         "per device, from memory_analysis()",  # the layout form's steps, side by side
         "FSDP x TP on the 2x4 mesh (fsdp=2, model=4)",  # the form's choice, called directly
@@ -162,10 +164,10 @@ TABLES = {
     ],
     # the collectives, device 0's instructions, the compile log, the cache's two processes
     "17_profiling": [("<table class='bk-table'>", 4), "<td>reduce-scatter</td>"],
-    # presets, state, activations, bytes per axis, pipelines, chips, 2 memory, 2 bounds,
-    # published
+    # presets, state, activations, bytes per axis, pipelines and their bytes per axis, chips,
+    # 2 memory, 2 bounds, published
     "18_planning_a_real_run": [
-        ("<table class='bk-table'>", 11),
+        ("<table class='bk-table'>", 12),
         "Bytes per device, compiled and calculated: equal in every layout",
         "microbatches: bytes per device",
         "quoted, then calculated",
