@@ -399,7 +399,8 @@ def plan(
 
     - parameters, gradients and the optimizer's moments are held in ``param_dtype``,
       ``grad_dtype`` and ``moment_dtype``, sharded alike (AdamW keeps two moments and a step
-      count, SGD nothing); activations, and what TP and PP send, are in ``compute_dtype``;
+      count, SGD nothing); activations, what TP sends and what PP sends between stages are in
+      ``compute_dtype``;
       FSDP gathers parameters in ``param_dtype`` and reduces gradients in ``grad_dtype``;
     - ``global_batch`` sequences of ``seq`` tokens per step, split over ``dp x fsdp`` and run
       as ``microbatches`` (gradient accumulation, or the pipeline's microbatches);

@@ -135,12 +135,17 @@ def gathered(arrays, names, axes):
 def tp_block(x, p, cfg):
     """Chapter 13's block on this device's heads and MLP hidden units (chapter 9).
 
-    The attention's output projection and the MLP's second matmul each give a partial
-    sum of the residual stream; a psum over "model" completes it.
+    The stream, the same on every "model" device, is cast to varying where it meets
+    this device's weights (the backward's all-reduce); the attention's output projection
+    and the MLP's second matmul each give a partial sum, completed by a psum.
     """
-    attn = transformer.attention(transformer.rms_norm(x, p["attn_norm"]), p, cfg, None)
-    x = x + jax.lax.psum(attn, "model")
-    normed = transformer.rms_norm(x, p["mlp_norm"])
+    normed = jax.lax.pcast(
+        transformer.rms_norm(x, p["attn_norm"]), "model", to="varying"
+    )
+    x = x + jax.lax.psum(transformer.attention(normed, p, cfg, None), "model")
+    normed = jax.lax.pcast(
+        transformer.rms_norm(x, p["mlp_norm"]), "model", to="varying"
+    )
     hidden = jax.nn.gelu(jnp.einsum("bsd,df->bsf", normed, p["w_in"]))
     return x + jax.lax.psum(jnp.einsum("bsf,fd->bsd", hidden, p["w_out"]), "model")
 
@@ -171,7 +176,8 @@ def embed(table, tokens, axes):
         return table[tokens]
     rows = table.shape[0]
     mine = tokens - jax.lax.axis_index("model") * rows
-    mine = jnp.where((mine >= 0) & (mine < rows), mine, rows)  # others: out of range
+    # Others past the end: a negative index would count from the end, as in NumPy.
+    mine = jnp.where((mine >= 0) & (mine < rows), mine, rows)
     found = jnp.take(table, mine, axis=0, mode="fill", fill_value=0)
     return jax.lax.psum(found, "model")
 
@@ -180,17 +186,21 @@ def cross_entropy(y, unembed, targets, axes):
     """Mean cross-entropy of the next tokens. With "model", unembed holds a slice of
     the vocabulary: each device computes its slice's logits, and the softmax's maximum
     and sum, and the target's logit, are completed over "model"."""
-    logits = jnp.einsum("mbsd,dv->mbsv", y, unembed)
     if "model" not in axes:
-        log_probs = jax.nn.log_softmax(logits)
-        picked = jnp.sum(jax.nn.one_hot(targets, logits.shape[-1]) * log_probs, axis=-1)
+        log_probs = jax.nn.log_softmax(jnp.einsum("mbsd,dv->mbsv", y, unembed))
+        picked = jnp.sum(
+            jax.nn.one_hot(targets, unembed.shape[-1]) * log_probs, axis=-1
+        )
         return -jnp.mean(picked)
-    rows = logits.shape[-1]
+    y = jax.lax.pcast(y, "model", to="varying")
+    logits = jnp.einsum("mbsd,dv->mbsv", y, unembed)
+    vocab_here = logits.shape[-1]
     top = jax.lax.pmax(jax.lax.stop_gradient(logits.max(-1, keepdims=True)), "model")
     total = jax.lax.psum(jnp.sum(jnp.exp(logits - top), axis=-1), "model")
-    mine = targets - jax.lax.axis_index("model") * rows
-    picked = jnp.take_along_axis(logits, jnp.clip(mine, 0, rows - 1)[..., None], -1)
-    picked = jnp.where((mine >= 0) & (mine < rows), picked[..., 0], 0.0)
+    mine = targets - jax.lax.axis_index("model") * vocab_here
+    index = jnp.clip(mine, 0, vocab_here - 1)[..., None]
+    picked = jnp.take_along_axis(logits, index, axis=-1)[..., 0]
+    picked = jnp.where((mine >= 0) & (mine < vocab_here), picked, 0.0)
     return jnp.mean(jnp.log(total) + top[..., 0] - jax.lax.psum(picked, "model"))
 
 

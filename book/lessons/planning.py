@@ -316,7 +316,7 @@ def schedule_sent(plan, kind, m, p):
     for c in plan.collectives:
         if c.kind == kind and c.in_layers:
             per_microbatch = c.sent * c.count / m
-            if c.op == "all-gather":  # half of them forward, half backward
+            if kind == "fsdp" and c.op == "all-gather":  # half forward, half backward
                 sent += per_microbatch / 2 * (1 + steps)
             else:
                 sent += per_microbatch * steps
@@ -385,6 +385,20 @@ def check_pipeline(cfg, mesh_shape, axes, m, tokens, targets):
     )
     assert math.isclose(got["permutes"], permutes, rel_tol=1e-12)
     assert set(got["comm"]) == set(degrees)  # each collective over one axis
+    if "fsdp" in degrees:  # a layer's gathers: once forward, at every step backward
+        layers = cfg.n_layers // p
+        gathered = {}  # the layers' gathers over fsdp, bytes per trip, by trip count
+        for row in hlo.collectives(compiled):
+            if row.op == "all-gather" and row.computation in trips:
+                n = trips[row.computation]
+                gathered[n] = gathered.get(n, 0) + cost.ring_bytes(row)
+        one = sum(  # one layer's gather, as the plan counts it
+            c.sent
+            for c in plan.collectives
+            if c.kind == "fsdp" and c.op == "all-gather" and c.in_layers
+        )
+        assert gathered.keys() == {layers, layers * (m + p - 1)}
+        assert all(math.isclose(b, one, rel_tol=1e-12) for b in gathered.values())
     for kind in degrees:
         if kind in ("fsdp", "tp"):  # the layers, at every step of the schedule
             layers = schedule_sent(plan, kind, m, p)
