@@ -323,7 +323,7 @@ def schedule_sent(plan, kind, m, p):
     return sent
 
 
-def pipeline_expected(cfg, plan, kind, m, local_tokens):
+def pipeline_expected(plan, kind, m, local_tokens):
     """What chapter 14's program sends over one kind of axis in a step, by the plan.
 
     The layers at every step of the schedule (schedule_sent); the ends as the plan
@@ -403,6 +403,6 @@ def check_pipeline(cfg, mesh_shape, axes, m, tokens, targets):
         if kind in ("fsdp", "tp"):  # the layers, at every step of the schedule
             layers = schedule_sent(plan, kind, m, p)
             assert math.isclose(got["loops"][kind], layers, rel_tol=1e-12), kind
-        expected = pipeline_expected(cfg, plan, kind, m, local)
+        expected = pipeline_expected(plan, kind, m, local)
         assert math.isclose(got["comm"][kind], expected, rel_tol=1e-12), kind
     return degrees, got, plan
