@@ -6,8 +6,14 @@ PYTHON ?= $(PY312)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The local Slurm cluster of `make cluster`: while its state folder exists, every target (the
+# chapters, the tests, the lab) reaches it, as a cluster's own machines reach theirs.
+CLUSTER_DIR ?= $(CURDIR)/.cluster
+ifneq ($(wildcard $(CLUSTER_DIR)/slurm.conf),)
+export SLURM_CONF := $(CLUSTER_DIR)/slurm.conf
+endif
 
-.PHONY: book test test-floor test-colab bench serve lab lint clean check-dot
+.PHONY: cluster cluster-down book test test-floor test-colab bench serve lab lint clean check-dot
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.12 is needed: install it (python.org, 'apt-get install python3.12', 'pyenv install 3.12') or run 'make PYTHON=/path/to/python3.12'."; exit 1; }
@@ -48,6 +54,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tests/nbconventions.py notebooks
+
+# Two Slurm nodes on this machine (root; installs Debian's slurm-wlm and munge when missing).
+cluster:
+	CLUSTER_DIR=$(CLUSTER_DIR) bash cluster/local_slurm.sh up
+
+cluster-down:
+	CLUSTER_DIR=$(CLUSTER_DIR) bash cluster/local_slurm.sh down
 
 clean:
 	rm -rf _build .jupyter_cache .pytest_cache

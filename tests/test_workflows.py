@@ -73,15 +73,29 @@ def test_ci_runs_the_readme_test_command_like_ci_run():
     command = readme_command("test")
     # GitHub's YAML parser reads the bare `on:` key as the boolean True.
     assert {"push", "pull_request"} <= set(ci[True])
-    assert runs(ci)[-1] == command
-    assert command in ci_run.splitlines()
+    assert command in runs(ci) and command in ci_run.splitlines()
+    # The cluster comes up before the tests and goes down after them, also when they fail.
+    steps = runs(ci)
+    assert (
+        steps.index("sudo make cluster")
+        < steps.index(command)
+        < steps.index("sudo make cluster-down")
+    )
+    assert [
+        s.get("if") for s in ci["jobs"]["test"]["steps"] if "cluster-down" in s.get("run", "")
+    ] == ["always()"]
+    lines = ci_run.splitlines()
+    assert lines.index("make cluster") < lines.index("trap 'make cluster-down' EXIT")
+    assert lines.index("trap 'make cluster-down' EXIT") < lines.index(command)
     assert apt_packages("\n".join(runs(ci))) == apt_packages(ci_run) == {"graphviz", "chromium"}
     assert uses(ci)["actions/setup-python"]["python-version"] == "3.12"
 
 
 def test_pages_publishes_the_built_book():
     pages = workflow("pages.yml")
-    assert readme_command("book") in runs(pages)
+    steps = runs(pages)
+    assert steps.index("sudo make cluster") < steps.index(readme_command("book"))
+    assert steps[-1] == "sudo make cluster-down"
     assert uses(pages)["actions/upload-pages-artifact"]["path"] == "_build/html"
     assert {"actions/configure-pages", "actions/deploy-pages"} <= set(uses(pages))
     assert pages["permissions"]["pages"] == pages["permissions"]["id-token"] == "write"
