@@ -2,7 +2,7 @@
 
 The committed notebooks keep the reader's cells as stubs; as written, each checker must say the
 exercise is not answered yet, never fail the chapter. Then each exercise cell is replaced by the
-solution from the dropdown below it (keeping the checking call), the chapter is executed a second
+solution folded below it (keeping the checking call), the chapter is executed a second
 time, and every checker must answer "Correct". These second runs belong to no xdist group, so
 they run beside the chapters' first runs and the book build.
 """
@@ -17,7 +17,12 @@ from nbconventions import ROOT
 
 pytestmark = pytest.mark.slow
 
-SOLUTION = re.compile(r":::\{dropdown\} Solution\s*\n```python\n(.*?)```", re.S)
+# The worked solution folded under the exercise: <details> with the summary "Solution", which
+# the built book, JupyterLab, Colab and Kaggle all show folded.
+SOLUTION = re.compile(
+    r"(?:<details>\s*<summary>Solution</summary>|:::\{dropdown\} Solution)\s*\n```python\n(.*?)```",
+    re.S,
+)
 
 
 def exercise_cells(nb):
@@ -28,7 +33,7 @@ def exercise_cells(nb):
             continue
         later = "\n".join(c.source for c in nb.cells[i + 1 : i + 3] if c.cell_type == "markdown")
         match = SOLUTION.search(later)
-        assert match, f"exercise cell {i} has no solution dropdown after it"
+        assert match, f"exercise cell {i} has no folded solution after it"
         found.append((i, match.group(1)))
     return found
 
