@@ -45,7 +45,8 @@ def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
     body = text.strip()
     if body[:1] in "([" and body[-1:] in ")]":
         body = body[1:-1]
-    parts = [p.strip() for p in re.split(r"[,x×*]", body)]
+    # "x" separates sizes only between digits ("8x4"), so "(8, x)" names the stray "x".
+    parts = [p.strip() for p in re.split(r",|×|\*|(?<=\d)\s*x\s*(?=\d)", body)]
     if parts and parts[-1] == "" and len(parts) > 1:
         parts = parts[:-1]  # a trailing comma, as in "(8,)"
     if len(parts) > validate.MAX_AXES:

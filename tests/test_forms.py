@@ -1,5 +1,6 @@
 """The sharding explorer: a pure function of the reader's texts, and widgets around it."""
 
+import html
 import json
 import re
 
@@ -68,6 +69,24 @@ def test_explorer_widgets_follow_the_choices():
     dims.children[0].value = "'pipe'"
     dims.children[1].value = "'pipe'"
     assert "used twice" in out.value
+
+
+def test_explorer_keeps_the_spec_while_a_shape_or_names_are_typed():
+    form = forms.sharding_explorer("(8, 4)")
+    controls, dims, spec_label, out = form.widget.children
+    shape_box, names_box = controls.children[0].children[0], controls.children[1].children[0]
+    dims.children[0].value = "'data'"
+    dims.children[1].value = "'model'"
+    # Every keystroke of "(16, 4)" typed over the old shape, then the names retyped.
+    for typed in ["", "(", "(1", "(16", "(16,", "(16, ", "(16, 4", "(16, 4)", "16", "16, 4"]:
+        shape_box.value = typed
+    for typed in ["", "data", "data,", "data, mod", "data, model"]:
+        names_box.value = typed
+    assert spec_label.value == "<code>P('data', 'model')</code>"
+    assert "(16, 4) sharded as P('data', 'model')" in html.unescape(out.value)
+    shape_box.value = "(16, x)"
+    assert "Could not read 'x' in the shape" in html.unescape(out.value)
+    assert spec_label.value == "<code>P('data', 'model')</code>"
 
 
 def test_explorer_shows_the_widget_to_a_kernel_and_the_twin_to_the_book():

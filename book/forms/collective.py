@@ -392,8 +392,13 @@ def _widget():
     )
     axis_box = w.Dropdown(description="axis")
     block_box = w.Text(value="(8,)", description="block shape")
-    dim_box = w.BoundedIntText(value=0, min=0, max=3, description="dimension")
-    concat_box = w.BoundedIntText(value=0, min=0, max=3, description="concat dim")
+    # Number boxes apply at every keystroke, as the text boxes do.
+    dim_box = w.BoundedIntText(
+        value=0, min=0, max=3, description="dimension", continuous_update=True
+    )
+    concat_box = w.BoundedIntText(
+        value=0, min=0, max=3, description="concat dim", continuous_update=True
+    )
     tiled_box = w.Checkbox(value=False, description="tiled")
     perm_box = w.Text(value="shift", description="perm")
     out = w.HTML()

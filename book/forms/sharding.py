@@ -6,6 +6,7 @@ shows every device's values; the static twin pre-renders every spec for the onli
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -175,11 +176,11 @@ def _widget(array_shape: str):
         description="mesh shape",
     )
     names_box = w.Text(value=DEFAULT_NAMES[2], description="axis names")
-    type_box = w.Dropdown(options=AXIS_TYPES, value="Explicit", description="axis types")
     ids_box = w.Checkbox(value=True, description="show device ids")
     dims_box = w.HBox()
     spec_label = w.HTML()
     out = w.HTML()
+    chosen: list[str] = []  # the reader's pick for each dimension, kept while it does not fit
 
     def names_or_empty():
         try:
@@ -187,22 +188,29 @@ def _widget(array_shape: str):
         except specs.SpecError:
             return ()
 
-    def rank():
-        try:
-            return len(specs.parse_shape(shape_box.value))
-        except specs.SpecError:
-            return 0
-
     def rebuild_dims(*_):
-        old = [d.value for d in dims_box.children]
-        choices = spec_choices(names_or_empty())
+        """New dimension menus for a shape and names that parse; else keep the ones shown.
+
+        Every keystroke arrives here, so a half-typed "(8, " or "('data', " must not lose the
+        spec: until the text parses, only the sentence saying why changes.
+        """
+        try:
+            rank = len(specs.parse_shape(shape_box.value))
+            choices = spec_choices(specs.parse_axis_names(names_box.value))
+        except specs.SpecError:
+            update()
+            return
         dims = []
-        for k in range(rank()):
-            keep = old[k] if k < len(old) and old[k] in choices else "None"
+        for k in range(rank):
+            keep = chosen[k] if k < len(chosen) and chosen[k] in choices else "None"
             dims.append(w.Dropdown(options=choices, value=keep, description=f"dim {k}"))
-        for d in dims:
-            d.observe(update, names="value")
+            dims[k].observe(functools.partial(pick, k), names="value")
         dims_box.children = dims
+        update()
+
+    def pick(k, change):
+        chosen.extend(["None"] * (k + 1 - len(chosen)))
+        chosen[k] = change["new"]
         update()
 
     def on_mesh(change):
@@ -214,19 +222,13 @@ def _widget(array_shape: str):
         spec = "P(" + ", ".join(d.value for d in dims_box.children) + ")"
         spec_label.value = f"<code>{spec}</code>"
         out.value = render_sharding(
-            shape_box.value,
-            str(mesh_box.value),
-            names_box.value,
-            spec,
-            type_box.value,
-            ids_box.value,
+            shape_box.value, str(mesh_box.value), names_box.value, spec, show_ids=ids_box.value
         )
 
     shape_box.observe(rebuild_dims, names="value")
     names_box.observe(rebuild_dims, names="value")
     mesh_box.observe(on_mesh, names="value")
-    type_box.observe(update, names="value")
     ids_box.observe(update, names="value")
     rebuild_dims()
-    controls = w.VBox([w.HBox([shape_box, mesh_box]), w.HBox([names_box, type_box, ids_box])])
+    controls = w.VBox([w.HBox([shape_box, mesh_box]), w.HBox([names_box, ids_box])])
     return w.VBox([controls, dims_box, spec_label, out])
