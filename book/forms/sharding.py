@@ -150,7 +150,7 @@ def static_sharding_explorer(array_shape: str = "(8, 4)") -> str:
             dims,
             render,
             note=f"Array {array_shape} of its own flat indices; axis names follow the mesh "
-            "rank. Run the notebook to change the array, the names and the axis types.",
+            "rank. Run the notebook to change the array and the names.",
         )
     )
 
