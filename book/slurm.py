@@ -1,0 +1,211 @@
+"""Find a Slurm cluster that answers, wait for its jobs, and read what they printed.
+
+Chapter 11 runs its multi-process programs under a real Slurm wherever one answers (``make
+cluster`` starts two nodes on one Linux machine) and keeps ``book.multihost.launch`` for where
+none can run (Colab, a laptop). The ``srun`` and ``sbatch`` commands are the lesson, so the page
+writes them out; this module holds what would distract from them: asking ``sinfo`` whether a
+cluster answers, waiting for a batch job by polling ``scontrol`` (``sbatch --wait`` notices the
+end of a job seconds late), a job's facts as ``scontrol`` states them, and a step's labelled
+output (``srun --label``) split into one text per task, without Gloo's connection notices.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from book import validate
+from book.errors import ReaderError
+from book.multihost import Outputs, tail
+
+# The states of a job that is over (Slurm's JOB_STATE names); the others mean it may still run.
+ENDED = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+}
+USABLE = {"idle", "mix"}  # node states (sinfo's %t) with CPUs free for a new job
+_POLL_SECONDS = 0.2
+_LABEL = re.compile(r"^(\d+): ?(.*)$")
+_GLOO_NOTICE = re.compile(
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+    r"Expected number of connected peer ranks is : \d+\n?"
+)
+
+
+class SlurmError(ReaderError, RuntimeError):
+    """A Slurm command failed, or a job did not end in time; the message says what to do."""
+
+
+def usable_nodes(timeout: float = 10) -> list[str]:
+    """The nodes ``sinfo`` lists as idle or partly used; empty where no Slurm answers.
+
+    No ``sinfo`` on the PATH, a ``sinfo`` that fails (no configuration, no controller) or one
+    that does not answer within ``timeout`` seconds all mean the same to a chapter: no cluster
+    here. A node another job fills completely is left out, as a new job would wait for it.
+    """
+    timeout = validate.seconds(timeout, "timeout")
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return []
+    try:
+        done = subprocess.run(
+            [sinfo, "--noheader", "--Node", "--format=%N %t"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if done.returncode != 0:
+        return []
+    nodes = set()
+    for line in done.stdout.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[1].rstrip("*~#!%$@^-") in USABLE:
+            nodes.add(words[0])
+    return sorted(nodes)
+
+
+def run(command: list[str], timeout: float = 30) -> str:
+    """Run a Slurm command (``sbatch``, ``scontrol``, ``scancel``) and return its stdout."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(
+            f"There is no {command[0]} here; start a cluster with 'make cluster' first."
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(
+            f"{command[0]} did not answer within {timeout:g} s; check that the cluster is up "
+            "with 'sinfo'."
+        ) from None
+    if done.returncode != 0:
+        raise SlurmError(
+            f"{' '.join(command[:2])} failed with exit code {done.returncode}; read why at the "
+            f"end of its output:\n{tail(done.stderr or done.stdout)}"
+        )
+    return done.stdout
+
+
+def config() -> dict[str, str]:
+    """The configuration as ``scontrol show config`` states it, e.g. ``{"KillWait": "5 sec"}``."""
+    text = run(["scontrol", "show", "config"])
+    return dict(re.findall(r"^(\w+)\s+= (.*?)\s*$", text, re.M))
+
+
+def step(command: list[str], num_tasks: int = 2, timeout: float = 120) -> Outputs:
+    """Run an ``srun --label`` command to its end and return what each task printed.
+
+    A step that fails, or runs past ``timeout`` seconds (then it is stopped), raises
+    ``SlurmError`` with the end of its output.
+    """
+    num_tasks = validate.whole(num_tasks, "num_tasks", example=2)
+    timeout = validate.seconds(timeout, "timeout")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        raise SlurmError(
+            f"The step still ran after {timeout:g} s, so it was stopped; find where it waits at "
+            f"the end of its output, or pass a larger timeout:\n{tail(_text(err.stdout))}"
+        ) from None
+    script = next((Path(word).name for word in command if word.endswith(".py")), "")
+    if done.returncode != 0:
+        raise SlurmError(
+            f"The step running {script or command[-1]} failed with exit code "
+            f"{done.returncode}; fix the error at the end of its output:\n"
+            f"{tail(done.stdout + done.stderr)}"
+        )
+    return tasks(done.stdout, num_tasks, script)
+
+
+def end_times(processes, count: int, timeout: float = 120) -> dict:
+    """Wait until ``count`` of ``processes`` (a dict of ``Popen``) have ended; say when each did.
+
+    Returns the ``time.time()`` at which each process was seen to end, polled every 20 ms, or
+    None for those still running. Raises ``SlurmError`` when fewer than ``count`` have ended
+    after ``timeout`` seconds; the caller stops what still runs.
+    """
+    count = validate.whole(count, "count", high=len(processes), example=2)
+    timeout = validate.seconds(timeout, "timeout")
+    deadline = time.monotonic() + timeout
+    ended: dict = dict.fromkeys(processes)
+    while sum(when is not None for when in ended.values()) < count:
+        if time.monotonic() > deadline:
+            raise SlurmError(
+                f"Only {sum(w is not None for w in ended.values())} of the steps had ended after "
+                f"{timeout:g} s; see what they wait for with 'squeue', or wait longer."
+            )
+        for name, proc in processes.items():
+            if ended[name] is None and proc.poll() is not None:
+                ended[name] = time.time()
+        time.sleep(0.02)
+    return ended
+
+
+def _text(data) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
+
+
+def job(job_id) -> dict[str, str]:
+    """What ``scontrol show job`` says of a job, as a dict of its ``Name=value`` fields."""
+    job_id = validate.whole(job_id, "job_id", example=12)
+    text = run(["scontrol", "show", "job", "--oneliner", str(job_id)])
+    return dict(re.findall(r"(?:^|\s)([A-Za-z:/]+)=(\S*)", text.strip()))
+
+
+def wait(job_id, timeout: float = 60) -> dict[str, str]:
+    """Wait until a job is over and return its facts; cancel it and raise at the timeout."""
+    job_id = validate.whole(job_id, "job_id", example=12)
+    timeout = validate.seconds(timeout, "timeout")
+    deadline = time.monotonic() + timeout
+    while True:
+        facts = job(job_id)
+        if facts.get("JobState") in ENDED:
+            return facts
+        if time.monotonic() > deadline:
+            cancel(job_id)
+            raise SlurmError(
+                f"Job {job_id} was still {facts.get('JobState', 'queued')} after {timeout:g} s, "
+                "so it was cancelled; see why with 'squeue', or wait longer."
+            )
+        time.sleep(_POLL_SECONDS)
+
+
+def cancel(job_id) -> None:
+    """Cancel a job (``scancel``); one that has already ended is left as it is."""
+    job_id = validate.whole(job_id, "job_id", example=12)
+    subprocess.run(["scancel", str(job_id)], capture_output=True, timeout=30)
+
+
+def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
+    """What each task of a step printed, from ``srun --label`` output: one text per task.
+
+    Lines without a task's label (Slurm's own notices, a batch script's echo) are left out, and
+    so are Gloo's connection notices, as ``book.multihost.launch`` leaves them out.
+    """
+    text = validate.text(text, "the output", example="'0: ...'", limit=2**31, empty=True)
+    num_tasks = validate.whole(num_tasks, "num_tasks", example=2)
+    lines: list[list[str]] = [[] for _ in range(num_tasks)]
+    for line in text.splitlines():
+        found = _LABEL.match(line)
+        if found and int(found.group(1)) < num_tasks:
+            lines[int(found.group(1))].append(found.group(2))
+    texts = []
+    for task in lines:
+        joined = "\n".join(task) + "\n" if task else ""
+        while True:  # notices from several threads can nest one inside another
+            joined, found = _GLOO_NOTICE.subn("", joined)
+            if not found:
+                break
+        texts.append("".join(line + "\n" for line in joined.splitlines() if line.strip()))
+    return Outputs(texts, script)
