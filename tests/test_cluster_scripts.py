@@ -12,16 +12,20 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from pygments.lexers import get_lexer_by_name
 from pygments.token import Error
 
+import book.multihost
+import book.slurm
+
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER = ROOT / "notebooks" / "11_multi_controller.ipynb"
 WORKER = "multihost_worker.py"
-CLUSTER = ["slurm_job.sbatch", "tpu_slice.sh"]
+CLUSTER = ["slurm_job.sbatch", "cpu_job.sbatch", "tpu_slice.sh"]
 
 
 def chapter_code() -> list[str]:
@@ -52,13 +56,17 @@ def commands(text: str) -> list[list[str]]:
 def test_the_chapter_writes_every_script_it_launches_or_shows():
     files = written_files()
     launched_scripts = {WORKER, "multihost_train.py", "broken_worker.py", "stuck_worker.py"}
+    launched_scripts.add("mesh_worker.py")
     assert set(files) == {*launched_scripts, *CLUSTER}
     code = "\n".join(c for c in chapter_code() if not c.startswith("%%"))
     assert f'worker = Path("{WORKER}")' in code
     assert "book.multihost.launch(worker, num_processes=2, devices_per_process=4)" in code
-    assert "book.multihost.launch(worker, env=as_slurm)" in code
     launched = set(re.findall(r"book\.multihost\.launch\((\w+)", code))
-    assert len(launched) == 4
+    assert len(launched) == 5
+    # Where a cluster answers, srun starts the tour's worker, the failing one and the mesh.
+    started = set(re.findall(r"(?<!def )\bsrun\((\w+)", code))
+    assert started == {"worker", "broken", "mesh_worker"}
+    assert '"sbatch", "--parsable", "cpu_job.sbatch", sys.executable' in code
     for name in launched:
         path = re.search(rf'^{name} = Path\("([^"]+)"\)$', code, re.M)
         assert path, f"the chapter launches {name} but does not say which file it is"
@@ -188,6 +196,29 @@ def test_slurm_job_checks_its_tasks_then_runs_the_worker_in_each(tmp_path):
     # One GPU per task shows up as device 0 in that task; JAX must be told.
     assert ["export", "JAX_LOCAL_DEVICE_IDS=0"] in commands_run
     assert ["export", "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK"] in commands_run
+    # A failed task ends the job at once only without JAX's preemption service.
+    assert ["export", "JAX_ENABLE_PREEMPTION_SERVICE=false"] in commands_run
+    text = written_files()["slurm_job.sbatch"]
+    assert "Slurm ends the others at once" not in text
+    assert "JAX_LOCAL_DEVICE_IDS=0,1,2,3" in text  # what one task per node needs
+
+
+def test_the_cpu_twin_asks_for_the_local_cluster_and_runs_the_same_worker():
+    """cpu_job.sbatch is slurm_job.sbatch for `make cluster`'s two nodes of 4 claimed CPUs."""
+    text = written_files()["cpu_job.sbatch"]
+    assert text.startswith("#!/bin/bash\n")
+    directives = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
+    assert directives["nodes"] == "2" and directives["ntasks-per-node"] == "1"
+    assert directives["job-name"].startswith("ch11-")
+    assert directives["output"] == "%x-%j.out" and "time" in directives
+    assert "gpus-per-task" not in directives
+    twin = commands(text)
+    exports = [word for line in twin if line[0] == "export" for word in line[1:]]
+    assert {"JAX_PLATFORMS=cpu", "JAX_NUM_CPU_DEVICES=4"} <= set(exports)
+    assert {"JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"} <= set(exports)
+    assert "JAX_ENABLE_PREEMPTION_SERVICE=false" in exports
+    gpu_run = commands(written_files()["slurm_job.sbatch"])[-1]
+    assert twin[-1] == gpu_run  # the same srun line starts the same worker
 
 
 def gcloud_steps(calls):
@@ -294,3 +325,68 @@ def test_the_page_shows_each_script_without_the_notice_that_it_was_written():
         if cell["cell_type"] == "code" and text.startswith("%%writefile"):
             tags = cell["metadata"].get("tags", [])
             assert "remove-output" in tags, f"{text.split()[1]} shows its write notice"
+
+
+cluster = pytest.mark.skipif(
+    not book.slurm.usable_nodes(), reason="no Slurm cluster answers here (make cluster)"
+)
+
+
+@pytest.mark.slow
+@cluster
+def test_on_slurm_jax_defaults_wait_for_gloo_and_a_hung_job_for_its_time_limit(tmp_path):
+    """What chapter 11 says but cannot wait for: under JAX's defaults a task that raises ends
+    its job only when gloo gives up on the collective the others wait in (about 30 s), and a
+    deadlocked job ends at its --time, which Slurm counts in whole minutes and checks every so
+    often. Both run at once, each under a job name of its own, and are cancelled if they
+    outlive the test."""
+    files = written_files()
+    for name in ("broken_worker.py", "stuck_worker.py"):
+        (tmp_path / name).write_text(files[name])
+    cpu = "JAX_PLATFORMS=cpu,JAX_NUM_CPU_DEVICES=4,JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"
+    tag = f"ch11-test-{os.getpid()}"
+    # stuck_worker.py reads its rank from JAX_* variables, as launch sets them: pass srun's.
+    hang = tmp_path / "hang.sbatch"
+    hang.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH --job-name={tag}-hang\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+        "#SBATCH --time=0:10\n#SBATCH --output=%x-%j.out\n"
+        f"export {cpu.replace(',', ' ')} JAX_NUM_PROCESSES=2\n"
+        f"export JAX_COORDINATOR_ADDRESS=127.0.0.1:{book.multihost.free_port()}\n"
+        "srun --label bash -c 'JAX_PROCESS_ID=$SLURM_PROCID exec \"$0\" stuck_worker.py' "
+        f"{sys.executable}\n"
+    )
+    command = ["srun", f"--job-name={tag}-fail", "--nodes=2", "--ntasks-per-node=1"]
+    command += ["--time=2", "--label", "--kill-on-bad-exit=1", f"--export=ALL,{cpu}"]
+    failing = subprocess.Popen(
+        [*command, sys.executable, "broken_worker.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    hang_id = None
+    try:
+        out = book.slurm.run(["sbatch", "--parsable", f"--chdir={tmp_path}", str(hang)])
+        hang_id = int(out.split(";")[0])
+        log = failing.communicate(timeout=120)[0]
+        ended = time.time()
+        raised = float(re.search(r"fails at: ([\d.]+)", log).group(1))
+        assert 25 < ended - raised < 60, log  # gloo's timeout, about 30 s
+        assert "FileNotFoundError" in log
+        facts = book.slurm.wait(hang_id, timeout=240)
+        assert facts["TimeLimit"] == "00:01:00"  # --time=0:10, rounded up to a minute
+        assert facts["JobState"] == "TIMEOUT" and facts["Reason"] == "TimeLimit"
+        # Started to ended: the limit, then up to Slurm's next check and the KillWait.
+        start, end = (
+            time.mktime(time.strptime(facts[k], "%Y-%m-%dT%H:%M:%S"))
+            for k in ("StartTime", "EndTime")
+        )
+        assert 60 <= end - start <= 120, facts
+        output = (tmp_path / f"{tag}-hang-{hang_id}.out").read_text()
+        assert "gathering x (an all-gather)" in output and "TIME LIMIT" in output
+    finally:
+        failing.kill()
+        failing.communicate()
+        if hang_id is not None:
+            book.slurm.cancel(hang_id)
