@@ -2,6 +2,8 @@
 
 import pytest
 
+import book.slurm
+
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 
 SCRIPTS = [
@@ -10,6 +12,8 @@ SCRIPTS = [
     "broken_worker.py",
     "stuck_worker.py",
     "slurm_job.sbatch",
+    "cpu_job.sbatch",
+    "mesh_worker.py",
     "tpu_slice.sh",
 ]
 
@@ -32,14 +36,24 @@ def test_chapter_10_shows_the_pieces_and_the_training(built_book):
 
 def test_chapter_11_shows_the_output_of_every_process(built_book):
     text = page(built_book, "11_multi_controller")
-    # The launches of the tour, the training run and the Slurm-style run, one column each.
+    # The launches of the tour, the training run and the mesh, one column each.
     for i in range(2):
-        assert text.count(f">process {i}</div>") >= 2
+        assert text.count(f">process {i}</div>") >= 3
         assert f"process_index: {i}" in text
         assert f"rows of each batch read here: {32 * i}:{32 * (i + 1)}" in text
     assert "np.asarray(x) raises: RuntimeError: Fetching value" in text
     assert "epoch 1: 512 examples over all processes, each once" in text
-    assert "peers detected by jax.distributed.initialize()" in text
+    # The same worker under srun and sbatch where the book was built with a cluster up.
+    if book.slurm.usable_nodes():
+        assert "found its peers through: detected by jax.distributed.initialize()" in text
+        assert "JobState=COMPLETED" in text and "SLURM_PROCID=1 SLURM_LOCALID=0" in text
+        assert "GPUs it may use: 0" in text
+        assert "exit hook, no preemption service: the job ended" in text
+        assert "the job still ran, and was stopped" in text
+    else:
+        assert "No Slurm cluster answers here" in text
+    # The mesh across the nodes: the all-reduce over hosts has a device of each process.
+    assert "the processes of each group: [[0, 1], [0, 1], [0, 1], [0, 1]]" in text
     assert "FileNotFoundError: process 1 cannot find its shard of the data" in text
     # The deadlock: each process last printed the collective it waits in.
     assert "still ran after 6 s" in text
