@@ -128,28 +128,56 @@ def step(command: list[str], num_tasks: int = 2, timeout: float = 120) -> Output
     return tasks(done.stdout, num_tasks, script)
 
 
-def end_times(processes, count: int, timeout: float = 120) -> dict:
-    """Wait until ``count`` of ``processes`` (a dict of ``Popen``) have ended; say when each did.
+def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> dict:
+    """Time steps from a moment each one prints until it ends, for steps that may never end.
 
-    Returns the ``time.time()`` at which each process was seen to end, polled every 20 ms, or
-    None for those still running. Raises ``SlurmError`` when fewer than ``count`` have ended
-    after ``timeout`` seconds; the caller stops what still runs.
+    ``processes`` maps names to running ``Popen`` objects whose output goes to the files in
+    ``logs`` (same names); ``start`` is a regular expression whose group is the ``time.time()``
+    a step printed, such as ``r"fails at: ([\\d.]+)"``. Waits until ``count`` steps have ended,
+    every step has printed its moment, and each one still running has run on from its moment
+    at least as long as every ended one took, then returns ``{name: (seconds, ended)}``: the
+    seconds from the moment to the end, or to now for a step still running (``ended`` False).
+    The caller stops those. Raises ``SlurmError`` after ``timeout`` seconds.
     """
     count = validate.whole(count, "count", high=len(processes), example=2)
     timeout = validate.seconds(timeout, "timeout")
+    pattern = re.compile(start)
     deadline = time.monotonic() + timeout
-    ended: dict = dict.fromkeys(processes)
-    while sum(when is not None for when in ended.values()) < count:
+    ended: dict = {}
+    while True:
+        now = time.time()
+        for name, proc in processes.items():
+            if name not in ended and proc.poll() is not None:
+                ended[name] = now
+        moments = {}
+        for name in processes:
+            found = pattern.search(_read(logs[name]))
+            if found:
+                moments[name] = float(found.group(1))
+        silent = [name for name in ended if name not in moments]
+        if silent:
+            raise SlurmError(
+                f"The step {silent[0]} ended before it printed its moment; fix the error at "
+                f"the end of its output:\n{tail(_read(logs[silent[0]]))}"
+            )
+        if len(ended) >= count and len(moments) == len(processes):
+            took = {name: (ended.get(name, now) - moments[name], name in ended) for name in moments}
+            longest = max(seconds for seconds, done in took.values() if done)
+            if all(done or seconds >= longest for seconds, done in took.values()):
+                return took
         if time.monotonic() > deadline:
             raise SlurmError(
-                f"Only {sum(w is not None for w in ended.values())} of the steps had ended after "
-                f"{timeout:g} s; see what they wait for with 'squeue', or wait longer."
+                f"{len(ended)} of the steps had ended and {len(moments)} had printed their "
+                f"moment after {timeout:g} s; see what they wait for with 'squeue'."
             )
-        for name, proc in processes.items():
-            if ended[name] is None and proc.poll() is not None:
-                ended[name] = time.time()
         time.sleep(0.02)
-    return ended
+
+
+def _read(path) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _text(data) -> str:

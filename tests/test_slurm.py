@@ -102,15 +102,31 @@ def test_a_failed_slurm_command_or_step_says_why(stand_ins):
         book.slurm.job("seven")
 
 
-def test_end_times_waits_for_the_first_ones_only():
-    quick = subprocess.Popen([sys.executable, "-c", "pass"])
-    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+def test_time_from_waits_for_the_first_ends_and_runs_the_rest_as_long(tmp_path):
+    """Two steps end 0 s and 1 s after their moment; the third, which never ends, is timed for
+    at least as long as the slower of them took."""
+    logs = {name: tmp_path / f"{name}.out" for name in ("fast", "slower", "never")}
+    code = "import sys, time; print(f'at: {{time.time()}}', flush=True); time.sleep({})"
+    runs = {}
     try:
-        ended = book.slurm.end_times({"quick": quick, "slow": slow}, count=1, timeout=20)
-        assert ended["slow"] is None and abs(ended["quick"] - time.time()) < 20
-        with pytest.raises(SlurmError, match="Only 1 of the steps had ended after 0.3 s"):
-            book.slurm.end_times({"quick": quick, "slow": slow}, count=2, timeout=0.3)
+        for name, seconds in [("fast", 0), ("slower", 1), ("never", 60)]:
+            with logs[name].open("w") as log:
+                command = [sys.executable, "-c", code.format(seconds)]
+                runs[name] = subprocess.Popen(command, stdout=log)
+        took = book.slurm.time_from(runs, logs, r"at: ([\d.]+)", count=2, timeout=30)
     finally:
-        slow.kill()
-        slow.wait()
-        quick.wait()
+        for run in runs.values():
+            run.kill()
+            run.wait()
+    assert took["fast"][1] and took["slower"][1] and not took["never"][1]
+    assert took["fast"][0] < took["slower"][0] <= took["never"][0] < 30
+    assert took["slower"][0] >= 1
+
+
+def test_time_from_names_a_step_that_ended_without_its_moment(tmp_path):
+    log = tmp_path / "silent.out"
+    with log.open("w") as out:
+        run = subprocess.Popen([sys.executable, "-c", "print('Traceback: boom')"], stdout=out)
+    run.wait()
+    with pytest.raises(SlurmError, match="silent ended before it printed(.|\n)*boom"):
+        book.slurm.time_from({"silent": run}, {"silent": log}, r"at: ([\d.]+)", count=1)
