@@ -200,7 +200,7 @@ def test_slurm_job_checks_its_tasks_then_runs_the_worker_in_each(tmp_path):
     assert ["export", "JAX_ENABLE_PREEMPTION_SERVICE=false"] in commands_run
     text = written_files()["slurm_job.sbatch"]
     assert "Slurm ends the others at once" not in text
-    assert "JAX_LOCAL_DEVICE_IDS=0,1,2,3" in text  # what one task per node needs
+    assert "one task per node: list all, 0,1,2,3" in text
 
 
 def test_the_cpu_twin_asks_for_the_local_cluster_and_runs_the_same_worker():
