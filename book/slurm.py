@@ -191,7 +191,7 @@ def job(job_id) -> dict[str, str]:
     return dict(re.findall(r"(?:^|\s)([A-Za-z:/]+)=(\S*)", text.strip()))
 
 
-def wait(job_id, timeout: float = 60) -> dict[str, str]:
+def wait(job_id, timeout: float = 120) -> dict[str, str]:
     """Wait until a job is over and return its facts; cancel it and raise at the timeout."""
     job_id = validate.whole(job_id, "job_id", example=12)
     timeout = validate.seconds(timeout, "timeout")
