@@ -265,7 +265,10 @@ def names_text(names: Sequence[str]) -> str:
 
 
 def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_count: int) -> None:
-    """A mesh must have one name per axis and use exactly the devices at hand."""
+    """A mesh must have one name per axis and at most as many devices as there are.
+
+    A smaller mesh is allowed, as ``jax.make_mesh`` allows it: it takes the first devices.
+    """
     mesh_shape = validate.sizes(mesh_shape, "The mesh shape", error=SpecError)
     if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
         raise SpecError(
@@ -282,11 +285,11 @@ def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_coun
             f"{len(axis_names)} names were given; give one name per axis."
         )
     size = math.prod(mesh_shape)
-    if size != device_count:
+    if size > device_count:
         shape = "x".join(map(str, mesh_shape))
         raise SpecError(
             f"A {shape} mesh needs {size:,} devices but there are {device_count}; choose sizes "
-            f"that multiply to {device_count}."
+            f"whose product is at most {device_count}."
         )
 
 

@@ -37,6 +37,13 @@ def test_psum_over_the_whole_line():
     assert "all 8 devices take part" in page
 
 
+def test_a_mesh_smaller_than_the_devices_runs_on_the_first_ones():
+    page = forms.render_collective("psum", "2x2", "model", block_shape="(1,)")
+    assert error_of(page) is None
+    after = [rows_of(page)[3 * d + 2] for d in range(4)]
+    assert after == [[100 + 110]] * 2 + [[120 + 130]] * 2
+
+
 def test_psum_over_one_axis_of_a_2d_mesh_runs_in_groups():
     page = forms.render_collective("psum", "2x4", "model", block_shape="(1,)")
     assert "2 groups of 4" in page and "[0, 1, 2, 3], [4, 5, 6, 7]" in page

@@ -29,6 +29,13 @@ def test_render_good_choice_shows_every_device():
     assert "16 of 128 bytes per device" in html
 
 
+def test_a_mesh_smaller_than_the_devices_takes_the_first_ones():
+    """As jax.make_mesh does: a 2x2 mesh on 8 devices places the array on devices 0 to 3."""
+    html = forms.render_sharding("(8, 4)", "(2, 2)", "('data', 'model')", "P('data', 'model')")
+    assert sorted(re.findall(r"<b>device (\d)</b>", html)) == ["0", "1", "2", "3"]
+    assert "class='bk-error'" not in html
+
+
 def test_render_3d_mesh_and_auto_axes():
     html = forms.render_sharding("(4, 4, 2)", "2x2x2", "a, b, c", "P('a', 'b', 'c')", "Auto")
     assert "each shard held by 1 device" in html

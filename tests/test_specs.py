@@ -124,6 +124,20 @@ def test_check_mesh():
     check_mesh((2, 4), ("data", "model"), 8)
     with pytest.raises(SpecError, match="A 4x4 mesh needs 16 devices but there are 8"):
         check_mesh((4, 4), ("data", "model"), 8)
+
+
+def test_check_mesh_accepts_what_make_mesh_accepts():
+    """A mesh smaller than the device count is no mistake: make_mesh takes the first devices."""
+    import jax
+    from jax.sharding import AxisType
+
+    check_mesh((2, 2), ("a", "b"), 8)
+    made = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    assert made.devices.size == 4
+    with pytest.raises(SpecError, match="whose product is at most 8"):
+        check_mesh((3, 3), ("a", "b"), 8)
+    with pytest.raises(ValueError):
+        jax.make_mesh((3, 3), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
     with pytest.raises(SpecError, match="give one name per axis"):
         check_mesh((2, 2, 2), ("data", "model"), 8)
 
