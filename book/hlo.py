@@ -18,7 +18,10 @@ Everything here returns plain data; ``book.display`` turns it into tables, listi
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
+import tempfile
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -621,3 +624,39 @@ def stablehlo_main(lowered) -> StableMain:
         results=tuple(_typed_value(r) for r in _split_top(results, "([{<", ")]}>")),
         operations=tuple(operations),
     )
+
+
+class CompilerMessages:
+    """What XLA printed to the process's standard error inside a ``with`` block, by line."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self._saved = None
+        self._file = None
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile(mode="w+b")
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        text = self._file.read().decode(errors="replace")
+        self._file.close()
+        self.lines = [line for line in text.splitlines() if line.strip()]
+        return False
+
+
+def compiler_messages() -> CompilerMessages:
+    """Catch what XLA's C++ code logs while compiling, instead of letting it reach the page.
+
+    XLA writes its warnings (the partitioner's "Involuntary full rematerialization", for one)
+    straight to file descriptor 2, past Python's ``sys.stderr``, and a notebook shows them as
+    a pink block wherever a compile happens. Inside ``with compiler_messages() as log:`` they go
+    to ``log.lines`` instead, for a chapter to explain, assert on, or set aside.
+    """
+    return CompilerMessages()

@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 from dataclasses import dataclass
 
-from book import specs, validate
+from book import hlo, specs, validate
 from book.lessons import transformer as tr
 
 TABLES = {**tr.RULES, "TP + SP": tr.SP_RULES}
@@ -242,9 +243,18 @@ INSPECT_ONLY = {"xla_backend_optimization_level": 0}  # inspected, never run: co
 
 @functools.lru_cache(maxsize=64)
 def _compiled(choice: Choice):
-    return (
-        tr.make_step(CONFIG, layout(choice)).lower(*_abstract_inputs(choice)).compile(INSPECT_ONLY)
-    )
+    """The step compiled for a choice; the partitioner's rematerialization notes kept off the page.
+
+    What such a note describes is in the compiled program, so among the collectives shown, and
+    chapter 18 explains it; anything else XLA logs still reaches standard error.
+    """
+    with hlo.compiler_messages() as log:
+        step = tr.make_step(CONFIG, layout(choice))
+        compiled = step.lower(*_abstract_inputs(choice)).compile(INSPECT_ONLY)
+    other = [line for line in log.lines if "rematerialization" not in line]
+    if other:
+        print("\n".join(other), file=sys.stderr)
+    return compiled
 
 
 def _unnamed(choice: Choice) -> Choice:

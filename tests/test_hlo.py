@@ -3,6 +3,7 @@
 The programs are compiled for the 8 mock CPU devices.
 """
 
+import os
 import re
 
 import jax
@@ -495,3 +496,19 @@ def test_stablehlo_listing_shows_argument_shardings_one_op_a_line(mesh2d):
     assert any("sdy.sharding_constraint" in line and '[{"b"}, {}]' in line for line in lines)
     assert any(line.strip().startswith("return") for line in lines)
     assert all(len(line) <= 88 for line in lines)
+
+
+def test_compiler_messages_catch_what_native_code_writes_to_stderr(capfd):
+    with book.hlo.compiler_messages() as log:
+        os.write(2, b"W0000 spmd_partitioner.cc:1] [SPMD] Involuntary full rematerialization.\n")
+    assert log.lines == ["W0000 spmd_partitioner.cc:1] [SPMD] Involuntary full rematerialization."]
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"  # nothing caught leaked, and fd 2 is back
+
+
+def test_compiler_messages_give_fd_2_back_when_the_block_raises(capfd):
+    with pytest.raises(ZeroDivisionError):
+        with book.hlo.compiler_messages():
+            1 / 0
+    os.write(2, b"still here\n")
+    assert capfd.readouterr().err == "still here\n"
