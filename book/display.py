@@ -500,8 +500,17 @@ def mesh_diagram(mesh, *, title: str | None = None) -> Diagram:
             **plain,
         )
     shape = "x".join(map(str, devices.shape))
-    text_rows = ["  ".join(f"{d.id:>2}" for d in row) for row in grid]
-    heading = f"{title + ': ' if title else ''}{shape} mesh {names}, device ids:"
+    heading = f"{title or shape + ' mesh'} {names}, device ids:"
+    planes = [("", grid)]
+    if devices.ndim > 2:  # one 2D slice per position along the leading axes, labelled
+        planes = [
+            (", ".join(f"{a}={i}" for a, i in zip(names, lead)) + ":", devices[lead])
+            for lead in np.ndindex(devices.shape[:-2])
+        ]
+    text_rows = []
+    for label, plane in planes:
+        text_rows += [label] if label else []
+        text_rows += ["  ".join(f"{d.id:>2}" for d in row) for row in plane]
     return Diagram(graph, "\n".join([heading, *text_rows]))
 
 
@@ -756,12 +765,21 @@ def collective_diagram(
     if reduce is None:
         moves, zeros = shards.trace_moves(before, after)
         show = label_edges if label_edges is not None else len(moves) <= 2 * n
+        sent = {}  # (sender, values moved): the receivers, so that a broadcast takes one line
         for (s, d), values in sorted(moves.items()):
             colour = _EDGE_COLOURS[s % len(_EDGE_COLOURS)]
             moved = " ".join(_fmt(v) for v in values[:6]) + (" …" if len(values) > 6 else "")
             label = {"label": moved} if show else {}
             graph.edge(f"b{s}", f"a{d}", color=colour, fontcolor=colour, **label)
-            text.append(f"{before[s][0]} -> {after[d][0]}: {moved}")
+            sent.setdefault((s, moved), []).append(d)
+        lines = []
+        for (s, moved), receivers in sent.items():
+            to = ", ".join(after[d][0] for d in receivers)
+            to = "every device" if len(receivers) == n > 1 else to
+            lines.append(f"{before[s][0]} -> {to}: {moved}")
+        if len(lines) > 2 * n:  # text can list a few moves; the values are in the tables
+            lines = [*lines[: 2 * n], f"… and {len(lines) - 2 * n} more moves"]
+        text += lines
         for d in sorted(zeros):
             text.append(f"{after[d][0]}: zeros, nobody sent to it")
     else:

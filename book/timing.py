@@ -49,7 +49,9 @@ def _block(result):
 def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Timing:
     """Time ``f(*args, **kwargs)`` after ``warmup`` untimed calls, waiting for each result.
 
-    The warm-up calls absorb tracing and compilation, so the timed runs see only execution.
+    The warm-up calls absorb what only a first call pays: tracing and compilation when ``f``
+    is a jitted function not yet compiled, and first-run costs such as allocating buffers
+    either way, so the timed runs see only execution.
     """
     validate.callable_(f, "f", error=validate.WrongKind)
     warmup = validate.whole(warmup, "warmup", low=0, high=1000, example=2, error=validate.BadValue)

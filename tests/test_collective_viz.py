@@ -59,7 +59,19 @@ def test_all_gather_sends_every_block_everywhere(line):
     y = run(line, lambda b: jax.lax.all_gather(b, "i"), x)
     moves, zeros = shards.trace_moves(x, y)
     assert sorted(moves) == [(s, d) for s in range(8) for d in range(8)] and not zeros
-    assert " label=" not in display.collective_diagram(x, y).source.split("->", 1)[1]
+    diagram = display.collective_diagram(x, y)
+    assert " label=" not in diagram.source.split("->", 1)[1]
+    # without Graphviz the text says it in one line per sender, not one per arrow
+    assert diagram.text.splitlines() == [
+        f"device {k} (i={k}) -> every device: {2 * k} {2 * k + 1}" for k in range(8)
+    ]
+
+
+def test_the_text_of_many_moves_is_cut_short(line):
+    m = blocks_of(line, np.arange(64).reshape(8, 8))
+    y = run(line, lambda b: jax.lax.all_to_all(b, "i", 1, 1, tiled=True), m)
+    lines = display.collective_diagram(m, y).text.splitlines()
+    assert len(lines) == 17 and lines[-1] == "… and 48 more moves"
 
 
 def test_reductions_are_drawn_through_one_node_and_checked(line):

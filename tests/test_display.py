@@ -104,6 +104,16 @@ def test_diagrams_fall_back_to_text_without_graphviz(monkeypatch):
     assert shown["text/plain"].endswith(display.NEEDS_DOT)
     mesh_text = display.mesh_diagram(mesh((2, 4), ("data", "model")))._repr_mimebundle_()
     assert "('data', 'model')" in mesh_text["text/plain"]  # the axis names survive
+    cube = repr(display.mesh_diagram(mesh((2, 2, 2), ("pipe", "data", "model")), title="cube"))
+    assert cube.splitlines() == [  # a 3D mesh as labelled 2D slices, its title once
+        "cube ('pipe', 'data', 'model'), device ids:",
+        "pipe=0:",
+        " 0   1",
+        " 2   3",
+        "pipe=1:",
+        " 4   5",
+        " 6   7",
+    ]
 
 
 def test_one_stylesheet_shipped_in_the_package_and_linked_from_static():

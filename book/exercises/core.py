@@ -48,7 +48,11 @@ class Verdict:
     def __repr__(self):
         if not self.judged:
             return "Not checked: " + self.message
-        return ("Correct: " if self.ok else "Not yet: ") + self.message
+        if self.ok:
+            return "Correct: " + self.message
+        if self.message.startswith("Not answered yet"):  # says "not yet" itself
+            return self.message
+        return "Not yet: " + self.message
 
 
 class Wrong(Exception):
