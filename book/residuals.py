@@ -1,0 +1,85 @@
+"""What autodiff keeps for the backward pass, as data: ``print_saved_residuals``, read back.
+
+``jax.ad_checkpoint`` exports ``print_saved_residuals`` but not the list it prints (that lives
+in ``jax._src``), so this module reads the printout. Each line is one residual: its type first,
+``f32[512,16]{V:data}``, then where it came from, such as ``output of all_gather from
+file.py:12:8 (ag)``, ``named 'gathered' from ...``, ``from the argument ...`` or ``from a
+constant``. The type gives the shape and the bytes; the source is kept as printed, less the file
+and line, so that a chapter can show it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+from dataclasses import dataclass
+
+from jax.ad_checkpoint import print_saved_residuals
+
+from book.errors import ReaderError
+
+_TYPE = re.compile(r"(bool|bf16|[fiuc]\d+)\[([\d,]*)\]")
+_WHERE = re.compile(r" from \S+:\d+(?::\d+)? \((.+)\)$")
+_KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One array autodiff saves: its type as printed, shape, dtype, and what made it."""
+
+    type_text: str
+    shape: tuple[int, ...]
+    dtype: str
+    source: str
+
+    @property
+    def nbytes(self) -> int:
+        bits = 8 if self.dtype == "bool" else int(re.sub(r"\D", "", self.dtype))
+        return math.prod(self.shape) * bits // 8
+
+    def __str__(self) -> str:
+        return f"{self.type_text} {self.source}"
+
+
+def _dtype(short: str) -> str:
+    if short in ("bool", "bf16"):
+        return {"bool": "bool", "bf16": "bfloat16"}[short]
+    return _KINDS[short[0]] + short[1:]
+
+
+def parse(text: str) -> list[Residual]:
+    """The residuals in a printout of ``print_saved_residuals``, one per line, in its order."""
+    found = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _TYPE.match(line)
+        if m is None:
+            raise ReaderError(
+                f"{line[:60]!r} does not start with an array type such as f32[512,16]; pass "
+                "the text print_saved_residuals printed."
+            )
+        type_text, _, source = line.partition(" ")
+        dims = tuple(int(d) for d in m.group(2).split(",") if d)
+        source = _WHERE.sub(r" in \1", source)
+        found.append(Residual(type_text, dims, _dtype(m.group(1)), source))
+    return found
+
+
+def saved(f, *args) -> list[Residual]:
+    """What autodiff saves of ``f(*args)`` to differentiate it with respect to ``args``.
+
+    It only traces ``f``. Called while ``shard_map`` traces its body, it lists one device's
+    residuals, with the shapes of one device's blocks.
+    """
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(f, *args)
+    return parse(printed.getvalue())
+
+
+def total_bytes(residuals) -> int:
+    """The bytes of a list of residuals together."""
+    return sum(r.nbytes for r in residuals)
