@@ -539,7 +539,8 @@ def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
         graph.node(f"n{k}", _label(label), fillcolor=colours[group], pos=f"{x:.0f},{y:.0f}")
     for k in range(n):
         graph.edge(f"n{k}", f"n{(k + 1) % n}")
-    text = (f"{title}: " if title else "") + " -> ".join(labels) + f" -> {labels[0]}"
+    flat = [label.replace("\n", ", ") for label in labels]  # one line of text for the ring
+    text = (f"{title}: " if title else "") + " -> ".join(flat) + f" -> {flat[0]}"
     return Diagram(graph, text)
 
 

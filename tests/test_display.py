@@ -99,6 +99,8 @@ def test_diagrams_fall_back_to_text_without_graphviz(monkeypatch):
     ring = display.ring_diagram([0, 1, 2, 3, 6, 7, 4, 5], title="TPU v3-8")
     assert ring.svg is None
     assert repr(ring) == "TPU v3-8: 0 -> 1 -> 2 -> 3 -> 6 -> 7 -> 4 -> 5 -> 0"
+    two_lines = display.ring_diagram(["core 0\nchip 0", "core 1\nchip 0"])
+    assert repr(two_lines) == "core 0, chip 0 -> core 1, chip 0 -> core 0, chip 0"
     shown = ring._repr_mimebundle_()
     assert list(shown) == ["text/plain"]
     assert shown["text/plain"].endswith(display.NEEDS_DOT)
