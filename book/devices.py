@@ -171,6 +171,8 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
                 f"restart the kernel to run with {n}."
             )
         print(_plan.notice)
+        if _plan.mock:
+            print(own_script_lines(n))
         return _plan
     import jax
 
@@ -188,10 +190,26 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
         plan = _plan_from_running_backend(plan)
     _plan = plan
     print(plan.notice)
+    if plan.mock:
+        print(own_script_lines(n))
     notice = version_notice(jax.__version__)
     if notice:
         print(notice)
     return plan
+
+
+def own_script_lines(n: int) -> str:
+    """What setup does for mock devices, as the lines a reader's own script needs.
+
+    The chapters call ``setup``; a reader who copies a chapter into a script of their own needs
+    these two configuration updates instead, before anything touches JAX's backend: without
+    the first, a machine with one GPU still hands JAX that GPU alone.
+    """
+    return (
+        "In a script of your own, these two lines before anything else uses JAX do the same:\n"
+        '    jax.config.update("jax_platforms", "cpu")\n'
+        f'    jax.config.update("jax_num_cpu_devices", {n})'
+    )
 
 
 def _plan_from_running_backend(plan: Plan) -> Plan:

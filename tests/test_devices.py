@@ -73,11 +73,13 @@ def test_setup_gives_mock_devices_and_is_idempotent():
         "print(jax.device_count(), jax.default_backend())"
     )
     assert rc == 0, out
-    assert out.splitlines() == [
+    notice = [
         "Running on 8 mock CPU devices: no TPU or GPU was found.",
-        "Running on 8 mock CPU devices: no TPU or GPU was found.",
-        "8 cpu",
+        "In a script of your own, these two lines before anything else uses JAX do the same:",
+        '    jax.config.update("jax_platforms", "cpu")',
+        '    jax.config.update("jax_num_cpu_devices", 8)',
     ]
+    assert out.splitlines() == [*notice, *notice, "8 cpu"]
 
 
 def test_single_accelerator_falls_back_to_mock_cpu():
