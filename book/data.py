@@ -22,6 +22,7 @@ import numpy as np
 
 from book import validate
 from book.errors import ReaderError
+from book.lessons.data_loading import rows_of_this_process
 
 # An epoch's order is one permutation held in memory: 2**27 example numbers take 1 GiB.
 MAX_EXAMPLES = 2**27
@@ -233,10 +234,11 @@ class ScatteredRows(ReaderError):
 def process_slice(sharding, shape) -> slice:
     """The rows of a global batch that this process's devices hold, as one slice.
 
-    With the usual meshes (a process's devices next to each other along the batch axis) they
-    form one block. When they are several separate blocks, one slice cannot name them, so this
-    refuses; ``jax.make_array_from_process_local_data`` itself takes such blocks concatenated
-    in global order (``ScatteredRows``).
+    Chapter 10's ``rows_of_this_process``, with checks of its arguments. With the usual meshes
+    (a process's devices next to each other along the batch axis) the rows form one block. When
+    they are several separate blocks, one slice cannot name them, so this refuses
+    (``ScatteredRows``); ``jax.make_array_from_process_local_data`` itself takes such blocks
+    concatenated in global order.
     """
     shape = validate.sizes(shape, "The batch shape")
     if not shape:
@@ -245,18 +247,15 @@ def process_slice(sharding, shape) -> slice:
         raise ReaderError(
             f"sharding must be a jax.sharding.Sharding, not {validate.describe(sharding)}."
         )
-    n = shape[0]
-    index_map = sharding.addressable_devices_indices_map(tuple(shape))
-    spans = sorted({index[0].indices(n)[:2] if index else (0, n) for index in index_map.values()})
-    for (_, stop), (start, _) in zip(spans, spans[1:]):
-        if stop != start:
-            raise ScatteredRows(
-                "This process's devices hold rows of the batch that are not next to each "
-                "other, so no one slice names them; pass their blocks concatenated in order to "
-                "jax.make_array_from_process_local_data, or build the batch with "
-                "jax.make_array_from_callback."
-            )
-    return slice(spans[0][0], spans[-1][1])
+    rows = rows_of_this_process(sharding, tuple(shape))  # chapter 10's function
+    if rows is None:
+        raise ScatteredRows(
+            "This process's devices hold rows of the batch that are not next to each "
+            "other, so no one slice names them; pass their blocks concatenated in order to "
+            "jax.make_array_from_process_local_data, or build the batch with "
+            "jax.make_array_from_callback."
+        )
+    return rows
 
 
 Build = Callable[[Batch, object], object]

@@ -19,6 +19,7 @@ LESSONS = {  # chapter notebook (without .ipynb) -> module under book/lessons/
     "07_data_parallelism": "data_parallel",
     "08_fsdp": "fsdp",
     "09_tensor_parallelism": "tensor_parallel",
+    "10_sharded_data_loading": "data_loading",
     "13_transformer_3d": "transformer",
     "14_pipeline_parallelism": "pipeline",
     "18_planning_a_real_run": "planning",
@@ -77,7 +78,8 @@ def render(notebook: Path, module: str) -> str:
         '"""\n'
         "# ruff: noqa: I001\n"
     )
-    text = header + "\n" + "\n".join(imports) + "\n\n\n" + "\n\n\n".join(bodies) + "\n"
+    top = "\n" + "\n".join(imports) + "\n\n\n" if imports else "\n\n"
+    text = header + top + "\n\n\n".join(bodies) + "\n"
     ast.parse(text)  # the module must at least be Python
     return text
 
