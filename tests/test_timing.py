@@ -82,3 +82,12 @@ def test_text_and_bad_arguments():
     assert str(timing.Timing(0.002, 0.001, (0.001, 0.002, 0.003))).startswith("2 ms (median of 3")
     with pytest.raises(ValueError, match="runs must be a positive whole number"):
         timing.measure(lambda: 1, runs=0)
+
+
+def test_largest_cache_is_read_from_sysfs(tmp_path):
+    for name, size in [("index0", "48K"), ("index2", "1024K"), ("index3", "32768K")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "size").write_text(size + "\n")
+    (tmp_path / "index4").mkdir()  # an entry without a size is skipped
+    assert timing.largest_cache_bytes(tmp_path) == 32 * 2**20
+    assert timing.largest_cache_bytes(tmp_path / "missing") is None
