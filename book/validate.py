@@ -11,6 +11,7 @@ a message never prints a value it cannot print quickly (``10**10000`` is named b
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from collections.abc import Sequence
@@ -38,12 +39,13 @@ class WrongKind(ReaderError, TypeError):
     ``jax.Array`` or a function for its compiled program."""
 
 
-def describe(value, limit: int = 40) -> str:
+def describe(value, limit: int = 40, _depth: int = 0) -> str:
     """``value`` as a message can quote it: short, on one line, and never an error of its own.
 
     Numbers and short texts are shown as they are; a huge integer by its number of digits
     (``str`` refuses integers of more than 4300 digits); anything else by its type, since its
-    own ``repr`` could be long, slow or fail.
+    own ``repr`` could be long, slow or fail. Short lists and tuples are shown with their
+    items, two levels deep at most, so a list that holds itself is named, not followed forever.
     """
     if value is None or isinstance(value, (bool, np.bool_)):
         return repr(None if value is None else bool(value))
@@ -58,8 +60,8 @@ def describe(value, limit: int = 40) -> str:
     if isinstance(value, str):
         text = str.__str__(value)
         return repr(text if len(text) <= limit else text[:limit] + "…")
-    if isinstance(value, (tuple, list)) and len(value) <= 8:
-        parts = [describe(v, limit) for v in value]
+    if isinstance(value, (tuple, list)) and len(value) <= 8 and _depth < 2:
+        parts = [describe(v, limit, _depth + 1) for v in value]
         if all(not p.startswith(("a ", "an ")) for p in parts):
             inner = ", ".join(parts) + ("," if len(parts) == 1 and isinstance(value, tuple) else "")
             shown = f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
@@ -78,6 +80,61 @@ def kind(value) -> str:
 
 def _is_whole(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def scalar(value):
+    """A 0-d NumPy or JAX array as the Python number it holds; anything else as it is.
+
+    ``jnp.sum(x)``, ``x.shape[0] * jnp.int32(2)`` and NumPy's reductions give 0-d arrays, and
+    a reader who computes a size or a count that way has given a number. A traced value has
+    no number yet and stays as it is, to be refused by kind.
+    """
+    is_array = isinstance(value, (np.ndarray, np.generic)) or type(value).__module__.split(".")[
+        0
+    ] in ("jax", "jaxlib")
+    if is_array and getattr(value, "shape", None) == ():
+        try:
+            return value.item()
+        except Exception:  # noqa: BLE001 - a tracer, or an array of objects
+            return value
+    return value
+
+
+def number(
+    value,
+    name: str,
+    *,
+    low: float = 0.0,
+    above: bool = False,
+    high: float = math.inf,
+    wanted: str = "a number such as 1.5",
+    error: type[ReaderError] = ReaderError,
+) -> float:
+    """``value`` as a finite ``float`` of at least ``low`` (above it with ``above``).
+
+    Python and NumPy numbers, fractions and 0-d arrays are taken; ``True`` is refused, and so
+    are ``nan`` (every comparison with it is false, so it would pass any bound silently),
+    infinities and integers too large for a float (``10**400``).
+    """
+    value = scalar(value)
+    real = isinstance(value, (numbers.Real, np.floating, np.integer))
+    if not real or isinstance(value, (bool, np.bool_)):
+        shown = describe(value) + (" (a string)" if isinstance(value, str) else "")
+        raise error(f"{name} must be {wanted}, not {shown}.")
+    try:
+        result = float(value)
+    except OverflowError:
+        raise error(
+            f"{name} is too large: {describe(value)} is more than a float can hold."
+        ) from None
+    if not math.isfinite(result):
+        raise error(f"{name} must be a finite number, not {describe(value)}.")
+    if result < low or (above and result == low):
+        bound = f"more than {low:g}" if above else f"at least {low:g}"
+        raise error(f"{name} must be {bound}, not {describe(value)}.")
+    if result > high:
+        raise error(f"{name} is too large: {describe(value)}; use at most {high:g}.")
+    return result
 
 
 def whole(
@@ -100,6 +157,7 @@ def whole(
     example = max(low, min(8, high)) if example is None else example
     sort = "a positive whole number" if low == 1 else "a whole number"
     wanted = f"{name} must be {sort} such as {example}"
+    value = scalar(value)
     if isinstance(value, str) and text:
         body = value.strip()
         if not _DIGITS.fullmatch(body):

@@ -97,8 +97,8 @@ def test_block_bytes_accepts_the_ring_bytes_of_four_all_reduces():
     "answer, words",
     [
         (None, "Not answered yet"),
-        ("917504", "give a number of bytes"),
-        (True, "block_bytes is a bool"),
+        ("917504", "must be a number of bytes, not '917504' (a string)"),
+        (True, "must be a number of bytes, not True"),
         (2 * cost.all_reduce_bytes(STREAM, 8), "the forward loop only"),
         (4 * STREAM, "the sizes of the four arrays"),
         (4 * cost.all_reduce_bytes(STREAM / 8, 8), "TP does not split the batch"),

@@ -121,8 +121,8 @@ def test_all_to_all_bytes_reads_the_compiled_program():
     unrounded = p["capacity_factor"] * p["top_k"] * p["tokens_per_device"] / 8
     rejected(exercises.ch15_all_to_all_bytes(right * unrounded / capacity), "rounded up")
     rejected(exercises.ch15_all_to_all_bytes(None), "Not answered yet")
-    rejected(exercises.ch15_all_to_all_bytes("17024"), "give a number")
-    rejected(exercises.ch15_all_to_all_bytes(True), "give a number")
+    rejected(exercises.ch15_all_to_all_bytes("17024"), "must be a number of bytes")
+    rejected(exercises.ch15_all_to_all_bytes(True), "must be a number of bytes")
 
 
 def test_the_chapter_states_the_checkers_problem():

@@ -25,8 +25,8 @@ def test_smallest_fsdp():
     rejected(exercises.ch18_smallest_fsdp(smallest // 2), "more than an H100's 80 GB (74.5 GiB)")
     rejected(exercises.ch18_smallest_fsdp(smallest * 2), "find the smallest")
     rejected(exercises.ch18_smallest_fsdp(3), "not a power of two")
-    rejected(exercises.ch18_smallest_fsdp(32.0), "give a whole number")
-    rejected(exercises.ch18_smallest_fsdp(True), "give a whole number")
+    rejected(exercises.ch18_smallest_fsdp(32.0), "must be a positive whole number")
+    rejected(exercises.ch18_smallest_fsdp(True), "must be a positive whole number")
 
 
 def test_tp_bytes():

@@ -4,7 +4,11 @@ A checker stops at the first problem by raising ``Wrong``; the ``checker`` decor
 or anything the reader's own code raises, into a ``Verdict`` with one sentence. It never raises
 and never waits for good: the checker runs under a time limit, under the book's own JAX
 settings whatever the reader set globally, and a failure of the checker itself is said to be
-that, not blamed on the reader.
+that, not blamed on the reader. Whatever the reader's code changes on the way (global JAX
+settings, the clocks, the working folder, the environment) is put back, and what it starts
+(processes, threads) is stopped, however the check ends. Answers are read through the helpers
+below (``function``, ``number``, ``whole``, ``numbers``, ``spec``, ``pair``), so a wrong kind
+of answer is named in one sentence rather than failing inside the checker.
 """
 
 from __future__ import annotations
@@ -13,15 +17,23 @@ import contextlib
 import ctypes
 import functools
 import inspect
+import math
 import os
+import shutil
+import signal
 import sys
 import sysconfig
+import tempfile
 import threading
+import time
+import timeit
 import traceback
 from dataclasses import dataclass
 
 import numpy as np
 
+from book import validate
+from book.errors import ReaderError
 from book.specs import spec_text as spec_text  # the checkers write specs as readers do
 
 TIME_LIMIT = 60.0  # seconds a checker may run, unless it asks for more with checker(limit=...)
@@ -55,8 +67,12 @@ class Verdict:
         return "Not yet: " + self.message
 
 
-class Wrong(Exception):
-    """Raised inside a checker to stop at the first problem with the reader's answer."""
+class Wrong(ReaderError):
+    """Raised inside a checker to stop at the first problem with the reader's answer.
+
+    A ``ReaderError``, so the book's one validation layer (``book.validate``) refuses a wrong
+    kind of answer with ``error=Wrong`` in the same sentence it uses everywhere else.
+    """
 
 
 class _Stopped(BaseException):
@@ -102,10 +118,10 @@ def checker(func=None, *, limit: float | None = None):
 def book_settings():
     """The JAX settings every chapter runs with, whatever the reader set globally.
 
-    No context mesh (a checker sets its own), jit on, NumPy's rank promotion and JAX's
-    standard dtype promotion, no NaN or Inf checks, the default matmul precision and device, and
-    transfers allowed. Each is a JAX context manager, so it holds in this thread only and is
-    undone on leaving.
+    No context mesh (a checker sets its own), jit on, 32-bit types, NumPy's rank promotion and
+    JAX's standard dtype promotion, no NaN or Inf checks, the default matmul precision and
+    device, and transfers allowed. Each is a JAX context manager, so it holds in this thread
+    only and is undone on leaving.
     """
     import jax
 
@@ -122,13 +138,17 @@ def book_settings():
             jax.transfer_guard("allow"),
         ):
             stack.enter_context(setting)
+        if hasattr(jax, "enable_x64"):  # the checkers' references are float32, as the chapters
+            stack.enter_context(jax.enable_x64(False))
         yield
 
 
 def _run_limited(func, args, kwargs, seconds: float) -> Verdict:
     outcome: dict = {}
+    world = _World(args)
 
     def target():
+        _local.folders = world.folders
         try:
             try:
                 with book_settings():
@@ -143,14 +163,22 @@ def _run_limited(func, args, kwargs, seconds: float) -> Verdict:
             pass
 
     thread = threading.Thread(target=target, name=f"checker {func.__name__}", daemon=True)
-    thread.start()
     try:
-        thread.join(seconds)
-    except KeyboardInterrupt:  # the reader interrupts: stop the checker too, then let it rise
-        _stop(thread)
-        raise
-    if thread.is_alive():
-        return _overtime(thread, seconds)
+        thread.start()
+        try:
+            thread.join(seconds)
+        except KeyboardInterrupt:  # the reader interrupts: stop the checker too, then let it rise
+            _stop(thread)
+            raise
+        if thread.is_alive():
+            return _overtime(thread, seconds)
+        return _verdict(outcome)
+    finally:
+        with contextlib.suppress(Exception):  # putting things back must not cost the verdict
+            world.restore(thread)
+
+
+def _verdict(outcome: dict) -> Verdict:
     if "wrong" in outcome:
         return Verdict(False, _text(outcome["wrong"], None) or "The answer is not right yet.")
     if "error" in outcome:
@@ -167,16 +195,36 @@ def _stop(thread: threading.Thread) -> None:
     )
 
 
+def _stop_all(threads, grace: float) -> tuple[list[threading.Thread], set[int]]:
+    """Ask ``threads`` to stop for ``grace`` seconds: those still running, and which moved.
+
+    Each is asked again every 0.1 s, since code that catches the stop may be asked again in a
+    moment when it does not; the innermost line of each is sampled meanwhile, so that code
+    which keeps moving while it is asked to stop (a loop that swallows the stop) is told from
+    code that sits in one native call (a long sleep, a compiled program).
+    """
+    moved: dict[int, set] = {t.ident: set() for t in threads}
+    for _ in range(max(1, int(grace / 0.1))):
+        frames = sys._current_frames()
+        for t in threads:
+            if t.is_alive():
+                frame = frames.get(t.ident)
+                if frame is not None:
+                    moved[t.ident].add((id(frame.f_code), frame.f_lasti))
+                _stop(t)
+        time.sleep(0.1)
+        if not any(t.is_alive() for t in threads):
+            break
+    running = [t for t in threads if t.is_alive()]
+    return running, {ident for ident, places in moved.items() if len(places) > 1}
+
+
 def _overtime(thread: threading.Thread, seconds: float) -> Verdict:
     frame = sys._current_frames().get(thread.ident)
     stack = traceback.extract_stack(frame) if frame is not None else []
     mine = [f for f in stack if _is_readers(f.filename)]
     where = _line(mine[-1]) if mine else ""
-    for _ in range(int(_GRACE / 0.1)):
-        _stop(thread)
-        thread.join(0.1)
-        if not thread.is_alive():
-            break
+    running, moving = _stop_all([thread], _GRACE)
     if mine:
         head = f"Your code still ran after {seconds:g} s{where}"
         fix = "make it finish, and check again"
@@ -186,13 +234,156 @@ def _overtime(thread: threading.Thread, seconds: float) -> Verdict:
             "your code may never finish (a lax.while_loop whose condition stays true)"
         )
         fix = "look for such a loop, and check again"
-    if not thread.is_alive():
+    if not running:
         return Verdict(False, f"{head}, so it was stopped; {fix}.")
+    if thread.ident in moving:
+        return Verdict(
+            False,
+            f"{head}, and it keeps running while it is asked to stop: it catches the stop "
+            "(an except BaseException or a bare except inside a loop), so it runs on in the "
+            "background; catch only the exceptions you expect, and restart the kernel.",
+        )
     return Verdict(
         False,
         f"{head}, and it cannot be stopped from Python: native code (a compiled program, a long "
         "sleep) runs on in the background, so restart the kernel if the next cells hang.",
     )
+
+
+_local = threading.local()  # the folders of the check running in this thread
+_CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns")
+_HELPERS = ("resource_tracker", "forkserver")  # Python's own long-lived helper processes
+
+
+class _World:
+    """What a reader's code may change or start during a check, taken before it and restored.
+
+    Global JAX settings (``jax.config.update`` is not undone by the checker's thread-local
+    settings), the clocks (a stand-in installed by a checker that is stopped mid-way, or a
+    reader's own patch), the names the reader's functions read clocks through, the working
+    folder and the environment are put back; the checker's scratch folders are removed; child
+    processes started meanwhile are killed, with their own children; Python threads started
+    meanwhile that run the reader's code are asked to stop. Put back after the verdict whether
+    the check finished or not, so nothing outlives a check that had to be abandoned.
+    """
+
+    def __init__(self, args):
+        import jax
+
+        self.config = dict(jax.config.values)
+        self.clocks = {name: getattr(time, name) for name in _CLOCKS if hasattr(time, name)}
+        self.default_timer = timeit.default_timer
+        real = {id(clock) for clock in self.clocks.values()} | {id(time), id(timeit)}
+        self.names = []
+        for arg in args:
+            names = getattr(arg, "__globals__", None)
+            if isinstance(names, dict):
+                held = {k: v for k, v in list(names.items()) if id(v) in real}
+                self.names.append((names, held))
+        self.cwd = _cwd()
+        self.environ = dict(os.environ)
+        self.threads = set(threading.enumerate())
+        self.children = _descendants()
+        self.folders: list[str] = []
+
+    def restore(self, checker: threading.Thread) -> None:
+        import jax
+
+        for name, value in self.config.items():
+            try:
+                changed = jax.config.values.get(name) is not value and bool(
+                    jax.config.values.get(name) != value
+                )
+            except Exception:  # noqa: BLE001 - values that do not compare are left alone
+                changed = False
+            if changed:
+                with contextlib.suppress(Exception):
+                    jax.config.update(name, value)
+        for name, clock in self.clocks.items():
+            setattr(time, name, clock)
+        timeit.default_timer = self.default_timer
+        for names, held in self.names:
+            names.update(held)
+        if self.cwd is not None and _cwd() != self.cwd:
+            with contextlib.suppress(OSError):
+                os.chdir(self.cwd)
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        for pid in sorted(_descendants() - self.children):
+            _kill(pid)
+        started = [
+            t
+            for t in threading.enumerate()
+            if t not in self.threads and t is not checker and _runs_readers(t)
+        ]
+        if started:
+            _stop_all(started, _GRACE)
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed under us
+        return None
+
+
+def _descendants() -> set[int]:
+    """The processes this one started, and theirs, read from ``/proc`` (empty elsewhere)."""
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            parents[int(entry)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _kill(pid: int) -> None:
+    """End a process the reader's code left running (not Python's own helpers), and reap it."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().decode(errors="replace")
+    except OSError:
+        return
+    if any(helper in command for helper in _HELPERS):
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, os.WNOHANG)  # only our own children can be reaped; others are init's
+
+
+def _runs_readers(thread: threading.Thread) -> bool:
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if _is_readers(frame.f_code.co_filename):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def scratch_folder(prefix: str) -> str:
+    """A new temporary folder for a checker, removed when its check ends however it ends."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    folders = getattr(_local, "folders", None)
+    if folders is not None:
+        folders.append(folder)
+    return folder
 
 
 _NOT_READERS = tuple(
@@ -281,6 +472,90 @@ def need(condition, message):
 
 def answered(answer, what):
     need(answer is not None and answer is not ..., f"Not answered yet: {what}.")
+
+
+# Reading an answer: each helper gives the value the checker works with, or refuses the wrong
+# kind of answer in one sentence that names what was given and what to give instead. --------
+
+
+def function(fn, what: str, args: tuple, params: str) -> None:
+    """Refuse an answer that is not a function callable with ``args``.
+
+    ``params`` writes the parameters as the exercise's cell does, such as ``(m, k, n)``. A
+    wrong signature would fail in the checker's own call, before a line of the reader's code
+    runs, so it is named here instead.
+    """
+    answered(fn, f"define {what}{params} and pass it")
+    need(callable(fn), f"Not answered yet: pass a function, not {validate.describe(fn)}.")
+    takes(fn, args, f"{what} should take {params}, as the exercise's cell defines it.")
+
+
+def returned(value, what: str, wanted: str):
+    """Refuse what the reader's function returned: ``{what} returned X; return {wanted}.``"""
+    answered(value, f"{what} returns nothing yet; return {wanted}")
+    raise Wrong(f"{what} returned {validate.describe(value)}; return {wanted}.")
+
+
+def number(value, what: str, wanted: str = "a number") -> float:
+    """A finite real number: a Python, NumPy or 0-d JAX number, not ``nan`` nor ``10**400``."""
+    return validate.number(value, what, low=-math.inf, wanted=wanted, error=Wrong)
+
+
+def number_returned(value, what: str, wanted: str = "a number") -> float:
+    """A finite real number a reader's function returned, refused as ``returned`` words it."""
+    try:
+        return number(value, what, wanted)
+    except Wrong:
+        returned(value, what, wanted)
+
+
+def whole(value, what: str, *, low: int = 1, high: int = validate.MAX_SIZE, example=8) -> int:
+    """A whole number from ``low`` to ``high`` (a Python, NumPy or 0-d JAX integer)."""
+    return validate.whole(value, what, low=low, high=high, example=example, error=Wrong)
+
+
+def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
+    """An array of real numbers (a list, tuple or array of them), as float64.
+
+    Strings, objects, ragged or self-holding lists are refused by NumPy and named here; so are
+    ``nan``, infinities and complex numbers, which no answer holds.
+    """
+    array = None
+    if not isinstance(value, (str, bytes, dict, set)):
+        with contextlib.suppress(Exception):  # NumPy's refusal of a ragged or odd list
+            array = np.asarray(validate.scalar(value))
+    if array is None or array.dtype.kind not in "biuf":
+        raise Wrong(f"{what} should be numbers, such as {example}, not {validate.describe(value)}.")
+    with np.errstate(over="ignore"):
+        array = array.astype(np.float64)
+    need(np.isfinite(array).all(), f"{what} holds numbers that are not finite; give {example}.")
+    return array
+
+
+def sizes(value, what: str, example: str = "(16, 8, 4)") -> tuple[int, ...]:
+    """A shape: a tuple or list of whole numbers (0-d arrays of integers too)."""
+    if not isinstance(value, (tuple, list, np.ndarray)) or np.ndim(value) != 1:
+        raise Wrong(f"{what} should be a tuple such as {example}, not {validate.describe(value)}.")
+    return validate.sizes(list(value), what, low=0, error=Wrong)
+
+
+def spec(value, what: str):
+    """A ``PartitionSpec``, such as ``P('data', None)``."""
+    from jax.sharding import PartitionSpec
+
+    answered(value, f"set {what} to a PartitionSpec, such as P('data', None)")
+    if not isinstance(value, PartitionSpec):
+        raise Wrong(
+            f"{what} is {validate.describe(value)}, not a P(...); write it as P('data', None)."
+        )
+    return value
+
+
+def pair(value, what: str, names: str) -> tuple:
+    """Two things, as a function returns them: a tuple or list of length 2."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        returned(value, what, f"two things, {names}")
+    return tuple(value)
 
 
 def line_mesh(axis):
@@ -418,7 +693,7 @@ def compile_and_run(fn, *args, stub=None):
 
     import jax
 
-    need(callable(fn), f"Not answered yet: pass a function, not a {type(fn).__name__}.")
+    callable_with(fn, args)
 
     def lower(fn, calls, check_vma=None):
         jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
@@ -454,6 +729,16 @@ def compile_and_run(fn, *args, stub=None):
             raise
         raise refused from None
     return compiled(*args), compiled
+
+
+def callable_with(fn, args) -> None:
+    """Refuse a function that is no function, or that cannot take the exercise's ``args``."""
+    answered(fn, "define the function and pass it")
+    need(callable(fn), f"Not answered yet: pass a function, not {validate.describe(fn)}.")
+    name = getattr(fn, "__name__", None)
+    name = name if isinstance(name, str) and name.isidentifier() else "Your function"
+    count = f"{len(args)} argument{'s' * (len(args) != 1)}"
+    takes(fn, args, f"{name} should take {count}, as the exercise's cell defines it.")
 
 
 def fresh_source(folder, num_examples, features, seed):

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, checker, line_mesh, need
+from book.exercises.core import Wrong, answered, checker, function, line_mesh, need, number
 
 # Exercise 15.3's problem: the chapter's text states these numbers.
 A2A_PROBLEM = {
@@ -70,9 +70,11 @@ def _routing(tokens, k, experts, seed) -> np.ndarray:
 @checker
 def ch15_capacity(route_with_capacity):
     """Exercise 15.1: each expert's capacity, and which assignments it keeps, for one device."""
-    need(
-        callable(route_with_capacity),
-        f"Not answered yet: pass a function, not a {type(route_with_capacity).__name__}.",
+    function(
+        route_with_capacity,
+        "route_with_capacity",
+        (_routing(4, 2, 8, 1500), 8, 1.25),
+        "(choices, n_experts, capacity_factor)",
     )
     shown = None
     for tokens, k, experts, factor, seed in _ROUTINGS:
@@ -90,10 +92,7 @@ def ch15_capacity(route_with_capacity):
         answered(got_capacity, "the capacity is None; return a whole number of slots")
         answered(got_kept, "kept is None; return an array of the shape of choices")
         case = f"{tokens} tokens, k = {k}, {experts} experts, capacity factor {factor}"
-        try:
-            got_capacity = float(got_capacity)
-        except (TypeError, ValueError):
-            raise Wrong(f"The capacity for {case} is not a number.") from None
+        got_capacity = number(got_capacity, f"The capacity for {case}", "a number of slots")
         exact = factor * k * tokens / experts
         need(
             got_capacity != exact or exact == capacity,
@@ -178,10 +177,8 @@ def _block_results(q, k, v, mask):
 @checker
 def ch15_merge_normalized(merge_normalized):
     """Exercise 15.2: merge two blocks' normalised outputs by their log-sum-exps, stably."""
-    need(
-        callable(merge_normalized),
-        f"Not answered yet: pass a function, not a {type(merge_normalized).__name__}.",
-    )
+    pieces = (np.zeros((1, 1)), np.zeros(1))
+    function(merge_normalized, "merge_normalized", (pieces, pieces), "(a, b)")
     rng = np.random.default_rng(1505)
     queries, keys, dim, split = 6, 10, 8, 4
     cases = [("random scores", 1.0, False), ("scores in the hundreds", 60.0, False)]
@@ -255,11 +252,7 @@ def ch15_all_to_all_bytes(sent_per_device):
     from book import cost
 
     answered(sent_per_device, "set sent_per_device to a number of bytes")
-    need(
-        isinstance(sent_per_device, (int, float, np.number))
-        and not isinstance(sent_per_device, bool),
-        f"sent_per_device is a {type(sent_per_device).__name__}; give a number of bytes.",
-    )
+    sent_per_device = number(sent_per_device, "sent_per_device", "a number of bytes")
     p = A2A_PROBLEM
     n, t, k, factor, d = (
         p["experts"],

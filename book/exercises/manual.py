@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from book import validate
 from book.exercises.core import (
     Wrong,
     answered,
@@ -11,6 +12,9 @@ from book.exercises.core import (
     compile_and_run,
     line_mesh,
     need,
+    numbers,
+    returned,
+    sizes,
     spec_text,
 )
 
@@ -21,6 +25,26 @@ def _positions(out, mesh) -> list[np.ndarray]:
     """Each device's own block of ``out``, in the order of the mesh's positions."""
     held = {s.device: np.asarray(s.data) for s in out.addressable_shards}
     return [held[d] for d in mesh.devices.flat]
+
+
+def _on_mesh(out, mesh, what: str, wanted: str):
+    """The reader's result, refused unless it is an array that every device of ``mesh`` holds.
+
+    A function passed without its ``jax.shard_map`` runs on one device and returns an array
+    there; one that returns a Python value or a tuple returns no array at all.
+    """
+    import jax
+
+    answered(out, f"{what} returns nothing yet; return {wanted}")
+    if not isinstance(out, jax.Array):
+        returned(out, what, wanted)
+    need(
+        set(out.sharding.device_set) == set(mesh.devices.flat),
+        f"{what} gave an array on {len(out.sharding.device_set)} device(s), not on the "
+        f"{mesh.size} of the mesh; map the function over the mesh with jax.shard_map, as the "
+        "exercise's cell does.",
+    )
+    return out
 
 
 def _ring_pairs(n, step) -> set[tuple[int, int]]:
@@ -72,7 +96,7 @@ def ch05_ring_sum(ring_sum):
     x = jax.device_put(blocks.reshape(n * 4, 4), NamedSharding(mesh, P("i")))
     stub = {"mesh": mesh, "in_specs": P("i"), "out_specs": P("i")}
     out, compiled = compile_and_run(ring_sum, x, stub=stub)
-    answered(out, "ring_sum returns nothing yet; return the sum of every device's block")
+    _on_mesh(out, mesh, "ring_sum", "the sum of every device's block")
     rows = book.hlo.collectives(compiled)
     others = sorted({r.op for r in rows} - {"collective-permute"})
     need(
@@ -170,10 +194,7 @@ def ch05_predict_all_to_all(shape, held_at_3):
 
     out = jax.shard_map(as_columns, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(rows)
     real = _positions(out, mesh)[3]
-    try:
-        yours = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise Wrong("shape should be a tuple of whole numbers, such as (2, 4).") from None
+    yours = sizes(shape, "shape", "(2, 4)")
     need(
         yours != (1, 8),
         "(1, 8) is the shape with concat_axis=1, as in transpose_blocks; with concat_axis=0 "
@@ -184,10 +205,7 @@ def ch05_predict_all_to_all(shape, held_at_3):
         f"Each device's result does not have shape {yours}: it receives 8 parts of shape "
         "(1, 1), one from each device, and joins them along concat_axis=0.",
     )
-    try:
-        values = np.asarray(held_at_3, dtype=np.int64).ravel()
-    except (TypeError, ValueError):
-        raise Wrong("held_at_3 should be numbers, as a list or an array.") from None
+    values = numbers(held_at_3, "held_at_3", "a list of the values").ravel()
     need(
         not np.array_equal(values, rows_np[3]),
         "Those are the values position 3 starts with; after the all_to_all it keeps only "
@@ -195,8 +213,8 @@ def ch05_predict_all_to_all(shape, held_at_3):
     )
     need(
         np.array_equal(values, real.ravel()),
-        f"Position 3 does not hold {values.tolist()}: it receives part 3 of every row, one "
-        "value from each sender, in the order of the senders.",
+        f"Position 3 does not hold {validate.describe(held_at_3)}: it receives part 3 of every "
+        "row, one value from each sender, in the order of the senders.",
     )
     return (
         f"each device holds a {real.shape} column, and position 3 holds column 3 of rows_np, "
@@ -223,7 +241,7 @@ def ch05_from_five(from_five):
     x = jax.device_put(blocks.reshape(n * 2, 4), NamedSharding(mesh, P("i")))
     stub = {"mesh": mesh, "in_specs": P("i"), "out_specs": P()}
     out, compiled = compile_and_run(from_five, x, stub=stub)
-    answered(out, "from_five returns nothing yet; return position 5's block on every device")
+    _on_mesh(out, mesh, "from_five", "position 5's block on every device")
     rows = book.hlo.collectives(compiled)
     ops = [r.op for r in rows]
     need(
@@ -303,8 +321,7 @@ def _ring_matmul_check(variant, what, seed):
         variant, mesh=mesh, in_specs=(P("x", None), P("x", None)), out_specs=P("x", None)
     )
     out, compiled = compile_and_run(mapped, a, b)
-    answered(out, f"{what} returns nothing yet; return this device's rows of A @ B")
-    out = np.asarray(out)
+    out = np.asarray(_on_mesh(out, mesh, what, "this device's rows of A @ B"))
     try:
         book.checks.product_error(out, A, B)
     except AssertionError as err:

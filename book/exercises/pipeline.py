@@ -11,7 +11,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, checker, need, takes
+from book import validate
+from book.exercises.core import Wrong, answered, checker, need, number, numbers, takes
 
 # Exercise 14.1's problem: the chapter's text states these numbers.
 BUBBLE_PROBLEM = {"stages": 8, "target": Fraction(1, 10), "circular_groups": 4}
@@ -39,14 +40,10 @@ def smallest_microbatches(p: int, target: Fraction, v: int = 1) -> int:
 
 def _whole(answer, name: str) -> int:
     answered(answer, f"set {name} to a number of microbatches")
+    answer = number(answer, name, "a whole number of microbatches")
     need(
-        isinstance(answer, (int, float, np.integer, np.floating))
-        and not isinstance(answer, (bool, np.bool_)),
-        f"{name} is a {type(answer).__name__}; give a whole number of microbatches.",
-    )
-    need(
-        np.isfinite(answer) and float(answer) == int(answer) and answer >= 1,
-        f"{name} = {answer} is not a whole, positive number of microbatches; round up.",
+        answer == int(answer) and answer >= 1,
+        f"{name} = {answer:g} is not a whole, positive number of microbatches; round up.",
     )
     need(
         answer <= 10_000,
@@ -124,14 +121,14 @@ def _as_work(answer, where):
         "(microbatch, layers).",
     )
     microbatch, layers = answer
-    try:
-        microbatch = int(microbatch)
-        layers = [int(i) for i in np.asarray(layers).reshape(-1)]
-    except (TypeError, ValueError):
-        raise Wrong(
-            f"{where} the microbatch should be a whole number and the layers a list of them."
-        ) from None
-    return microbatch, layers
+    wanted = f"{where} the microbatch should be a whole number and the layers a list of them"
+    microbatch = number(microbatch, f"{where} the microbatch")
+    layers = numbers(layers, f"{where} the layers", "[0, 1]").reshape(-1)
+    need(
+        microbatch == int(microbatch) and (layers == np.round(layers)).all(),
+        f"{wanted}, not {validate.describe(answer)}.",
+    )
+    return int(microbatch), [int(i) for i in layers]
 
 
 @checker
@@ -202,10 +199,7 @@ def ch14_stage_work(stage_work):
 
 def _peaks(answer, name: str, p: int) -> list[int]:
     answered(answer, f"set {name} to a list of {p} numbers, stage 0 first")
-    try:
-        values = np.asarray(answer, dtype=float).reshape(-1)
-    except (TypeError, ValueError):
-        raise Wrong(f"{name} should be a list of {p} numbers, stage 0 first.") from None
+    values = numbers(answer, name, f"a list of {p} numbers, stage 0 first").reshape(-1)
     need(
         values.size == p,
         f"{name} has {values.size} number{'s' * (values.size != 1)}; give one per stage, {p}.",

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, checker, need
+from book import validate
+from book.exercises.core import Wrong, answered, checker, function, need, number_returned
 
 # Made-up runs for exercise 17.1: (device, name, start, duration) and each device's answer.
 _KINDS = {"all-gather.1": "all-gather", "reduce-scatter.2": "reduce-scatter"}
@@ -43,7 +44,7 @@ def _share(ops, kinds, over_span=False):
 def _close(got, want) -> bool:
     try:
         return math.isclose(float(got), want, rel_tol=1e-9, abs_tol=1e-12)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
 
 
@@ -51,7 +52,7 @@ def _check_shares(got, ops, kinds, where):
     want = _share(ops, kinds)
     need(
         isinstance(got, dict),
-        f"collective_share returned {type(got).__name__} for {where}; return a dict from "
+        f"collective_share returned {validate.describe(got)} for {where}; return a dict from "
         "each device to its fraction.",
     )
     missing = sorted(set(want) - set(got))
@@ -72,7 +73,10 @@ def _check_shares(got, ops, kinds, where):
                 "start to its last one's end; divide by the time its instructions ran, since "
                 "a device can sit idle between them."
             )
-        raise Wrong(f"Device {device}'s share for {where} should be {fraction:.3f}, not {value!r}.")
+        raise Wrong(
+            f"Device {device}'s share for {where} should be {fraction:.3f}, not "
+            f"{validate.describe(value)}."
+        )
 
 
 @checker
@@ -83,7 +87,20 @@ def ch17_collective_share(collective_share, ops, kinds):
     the span and the busy time differ), one with no collective at all, one with two. Then on
     the run the chapter passes, its last traced step, against the checker's own sum.
     """
+    from book.trace import Op
+
     made_up = _ops(_RUN)
+    function(collective_share, "collective_share", (made_up, dict(_KINDS)), "(ops, kinds)")
+    need(
+        isinstance(ops, (list, tuple)) and all(isinstance(op, Op) for op in ops),
+        f"ops should be the chapter's list of book.trace.Op rows, last, not "
+        f"{validate.describe(ops)}.",
+    )
+    need(
+        isinstance(kinds, dict),
+        f"kinds should be the chapter's dict from instruction names to collectives, not "
+        f"{validate.describe(kinds)}.",
+    )
     got = collective_share(made_up, dict(_KINDS))
     answered(got, "collective_share returns nothing yet; return {device: fraction}")
     _check_shares(got, made_up, _KINDS, "the made-up run")
@@ -127,6 +144,7 @@ def ch17_as_rate(as_rate):
     step = jax.jit(update)
     w = jnp.ones(4, jnp.float32)
     types = {}
+    function(as_rate, "as_rate", (0.1,), "(value)")
     for label, value in values.items():
         rate = as_rate(value)
         answered(rate, "as_rate returns nothing yet; return the rate to pass to the step")
@@ -134,7 +152,7 @@ def ch17_as_rate(as_rate):
             kind = jax.typeof(rate)
         except TypeError:
             raise Wrong(
-                f"as_rate({label}) returned a {type(rate).__name__}, which JAX cannot pass to "
+                f"as_rate({label}) returned {validate.describe(rate)}, which JAX cannot pass to "
                 "a step; return a number."
             ) from None
         need(kind.shape == (), f"as_rate({label}) has shape {kind.shape}; return one number.")
@@ -188,14 +206,12 @@ def ch17_step_flops(step_flops):
     """
     from book import models
 
+    function(step_flops, "step_flops", (models.Sizes(*_FLOP_SIZES[0]),), "(sizes)")
     for dims in _FLOP_SIZES:
         sizes = models.Sizes(*dims)
         got = step_flops(sizes)
         answered(got, "step_flops returns nothing yet; return a number of FLOPs")
-        try:
-            value = float(got)
-        except (TypeError, ValueError):
-            raise Wrong(f"step_flops returned {type(got).__name__}; return a number.") from None
+        value = number_returned(got, "step_flops", "a number of FLOPs")
         b, f, h, c = dims
         want = _model_flops(*dims)
         if _close(value, want):

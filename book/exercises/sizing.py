@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from book.exercises.core import Wrong, answered, checker, need, takes
+from book.exercises.core import Wrong, answered, checker, need, takes, whole
 
 # Exercise 18.1: Llama 3 8B on H100s, FSDP only, this batch.
 _FIT = {"global_batch": 256, "seq": 4096}
@@ -32,10 +30,7 @@ def ch18_smallest_fsdp(fsdp):
     from book import sizing
 
     answered(fsdp, "set fsdp to a whole number of devices")
-    need(
-        isinstance(fsdp, (int, np.integer)) and not isinstance(fsdp, bool),
-        f"fsdp is a {type(fsdp).__name__}; give a whole number such as 64.",
-    )
+    fsdp = whole(fsdp, "fsdp", high=2**40, example=64)
     need(
         int(fsdp) in _FIT_DEGREES,
         f"fsdp={fsdp} is not a power of two up to 256 that splits the batch of 256 sequences.",

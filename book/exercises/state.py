@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, checker, compile_and_run, need, spec_text
+from book import validate
+from book.exercises.core import (
+    Wrong,
+    answered,
+    checker,
+    compile_and_run,
+    function,
+    need,
+    scratch_folder,
+    spec_text,
+)
 from book.exercises.training import _compare, _loss_and_grads, _one_device, _problem
 
 # The masked problem of exercise 16.1: 3 microbatches of 32 rows, of which these many are real.
@@ -120,6 +130,16 @@ def _saved_state(mesh, layout):
         transform_non_params=lambda leaf: np.asarray(3, leaf.dtype),
     )
     by_name = {k: NamedSharding(mesh, layout[k]) for k in params}
+    for k, sharding in by_name.items():
+        try:
+            sharding.shard_shape(params[k].shape)
+        except Exception as err:  # noqa: BLE001 - JAX's own refusal of the spec
+            raise Wrong(
+                f"layout cannot place {k}, of shape {params[k].shape}, as "
+                f"{spec_text(layout[k])}: {str(err).strip().splitlines()[0][:120]}"
+                if str(err).strip()
+                else f"layout cannot place {k} as {spec_text(layout[k])}; use the chapter's."
+            ) from None
     shardings = {
         "params": by_name,
         "opt": optax.tree_map_params(
@@ -181,7 +201,6 @@ def ch16_restore_on(restore_on, layout):
     replicated. The folder is removed however the answer ends.
     """
     import shutil
-    import tempfile
     from pathlib import Path
 
     import jax
@@ -190,14 +209,11 @@ def ch16_restore_on(restore_on, layout):
     from jax.sharding import PartitionSpec as P
 
     _check_layout(layout)
-    need(
-        callable(restore_on),
-        f"Not answered yet: pass a function, not a {type(restore_on).__name__}.",
-    )
     saving = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     target = jax.make_mesh((1, 8), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    folder = Path(scratch_folder("ch16-exercise-"))
+    function(restore_on, "restore_on", (folder / "state", target), "(path, mesh)")
     state = _saved_state(saving, layout)
-    folder = Path(tempfile.mkdtemp(prefix="ch16-exercise-"))
     try:
         path = folder / "state"
         checkpointer = ocp.StandardCheckpointer()
@@ -221,7 +237,7 @@ def ch16_restore_on(restore_on, layout):
         for where, leaf in found:
             need(
                 isinstance(leaf, jax.Array),
-                f"state{where} came back as {type(leaf).__name__}; give every leaf of the "
+                f"state{where} came back as {validate.describe(leaf)}; give every leaf of the "
                 "target a sharding so that it is restored as a jax.Array on the mesh.",
             )
             np.testing.assert_array_equal(np.asarray(leaf), np.asarray(want[where]))

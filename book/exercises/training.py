@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from book import validate
 from book.exercises.core import (
     Wrong,
     answered,
     checker,
     compile_and_run,
     fresh_source,
+    function,
     ints,
     line_mesh,
     need,
+    numbers,
+    pair,
     recording,
+    scratch_folder,
     spec_text,
 )
 
@@ -74,10 +79,22 @@ def _compare(label, got, want, factors=None, known=()):
     ``factors`` maps a wrong scale to its cause, ``known`` pairs the result of a plausible
     mistake with its cause.
     """
-    got_shape = tuple(getattr(got, "shape", np.shape(got)))
+    shape = tuple(np.shape(want))
+    try:
+        got = np.asarray(got, np.float64)
+    except Exception:  # noqa: BLE001 - a string, a dict, a ragged or self-holding list
+        raise Wrong(
+            f"{label} is {validate.describe(got)}; it should be an array of shape {shape}, as on "
+            "one device."
+        ) from None
     need(
-        got_shape == tuple(np.shape(want)),
-        f"{label} has shape {got_shape}; it should be {tuple(np.shape(want))}, as on one device.",
+        got.shape == shape,
+        f"{label} has shape {got.shape}; it should be {shape}, as on one device.",
+    )
+    need(
+        np.isfinite(got).all(),
+        f"{label} holds nan or infinite values; one device's is finite, so look for a "
+        "division by zero or a log of zero.",
     )
     if _near(got, want):
         return
@@ -97,12 +114,7 @@ def _loss_and_grads(
     out, what, ref_loss, ref_grads, loss_factors=None, grad_factors=None, known_losses=()
 ):
     """The reader's ``(loss, grads)`` against the reference: the loss, then each gradient."""
-    answered(out, f"{what} returns nothing yet; return (loss, grads)")
-    need(
-        isinstance(out, (tuple, list)) and len(out) == 2,
-        f"{what} should return two things, (loss, grads).",
-    )
-    loss, grads = out
+    loss, grads = pair(out, what, "(loss, grads)")
     need(
         isinstance(grads, dict) and set(grads) == set(ref_grads),
         f"grads should be a dict with the keys {sorted(ref_grads)}, like params.",
@@ -606,27 +618,28 @@ def ch10_read_once(build):
     read each of the 4 distinct pieces once, put it on both devices that hold it, and never
     read more than one piece at a time. Every shard is compared with the file's rows.
     """
-    import tempfile
-
     import jax
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     import book.data
 
-    need(callable(build), f"Not answered yet: pass a function, not a {type(build).__name__}.")
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     sharding = NamedSharding(mesh, P("data"))
-    with tempfile.TemporaryDirectory(prefix="book-exercise-") as folder:
-        source = fresh_source(folder, 96, 5, seed=1001)
-        rows = book.data.epoch_order(96, seed=5, epoch=2)[:32]
-        batch = book.data.Batch(source, "x", rows)
-        want = np.asarray(source.fields["x"][rows])
-        source.reads.clear()
-        out = build(batch, sharding)
-        reads = list(source.reads)
+    source = fresh_source(scratch_folder("book-exercise-"), 96, 5, seed=1001)
+    rows = book.data.epoch_order(96, seed=5, epoch=2)[:32]
+    batch = book.data.Batch(source, "x", rows)
+    function(build, "build", (batch, sharding), "(batch, sharding)")
+    want = np.asarray(source.fields["x"][rows])
+    source.reads.clear()
+    out = build(batch, sharding)
+    reads = list(source.reads)
     answered(out, "build returns nothing yet; return the batch as a jax.Array")
-    need(isinstance(out, jax.Array), f"build returned a {type(out).__name__}, not a jax.Array.")
+    need(
+        isinstance(out, jax.Array),
+        f"build returned {validate.describe(out)}, not a jax.Array; build one with "
+        "jax.make_array_from_callback or its friends.",
+    )
     need(out.shape == want.shape, f"The batch has shape {out.shape}; it should be {want.shape}.")
     need(
         out.sharding.is_equivalent_to(sharding, out.ndim),
@@ -673,19 +686,17 @@ def ch10_padded_epoch(padded_epoch):
     exactly once among the unmasked rows, padding only in the last batch, and the order a
     deterministic, shuffled function of ``(seed, epoch)`` that every process can compute.
     """
-    need(
-        callable(padded_epoch),
-        f"Not answered yet: pass a function, not a {type(padded_epoch).__name__}.",
+    function(
+        padded_epoch, "padded_epoch", (70, 8, 3, 0), "(num_examples, global_batch, seed, epoch)"
     )
 
     def plan(n, b, seed, epoch):
-        got = padded_epoch(n, b, seed, epoch)
-        answered(got, "padded_epoch returns nothing yet; return (rows, mask)")
+        rows, mask = pair(padded_epoch(n, b, seed, epoch), "padded_epoch", "(rows, mask)")
+        rows, mask = numbers(rows, "rows", "[[3, 0], [7, 1]]"), numbers(mask, "mask", "[True]")
         need(
-            isinstance(got, tuple) and len(got) == 2,
-            "padded_epoch should return two arrays, (rows, mask).",
+            rows.ndim == 2,
+            f"rows has {rows.ndim} dimension(s); give one row of example numbers per batch.",
         )
-        rows, mask = np.asarray(got[0]), np.asarray(got[1])
         steps = -(-n // b)
         need(
             rows.ndim != 2 or rows.shape[0] >= steps,
@@ -700,15 +711,15 @@ def ch10_padded_epoch(padded_epoch):
         )
         need(mask.shape == rows.shape, f"mask has shape {mask.shape}; give it that of rows.")
         need(
-            np.issubdtype(rows.dtype, np.integer) and 0 <= rows.min() and rows.max() < n,
+            (rows == np.round(rows)).all() and 0 <= rows.min() and rows.max() < n,
             f"Every entry of rows, padding included, should be an example number from 0 to "
             f"{n - 1}, so that the loader can read it.",
         )
         need(
-            mask.dtype == bool or set(np.unique(mask).tolist()) <= {0, 1},
+            np.isin(mask, (0, 1)).all(),
             "mask should hold True for real examples and False for padding.",
         )
-        return rows, mask.astype(bool)
+        return rows.astype(np.int64), mask.astype(bool)
 
     for n, b in ((1000, 64), (70, 8), (512, 64)):
         orders = {}

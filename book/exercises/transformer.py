@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
-import math
 import re
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, checker, need
+from book import validate
+from book.errors import ReaderError
+from book.exercises.core import Wrong, answered, checker, need, number
 
 _FAST = {"xla_backend_optimization_level": 0}
 
@@ -59,7 +60,7 @@ def ch13_fsdp_tp_rules(rules):
     from book.lessons import transformer as tr
 
     answered(rules, "set rules to a dict from logical names to mesh axes")
-    need(isinstance(rules, dict), f"rules is a {type(rules).__name__}; make it a dict.")
+    need(isinstance(rules, dict), f"rules is {validate.describe(rules)}; make it a dict.")
     for name, axes in rules.items():
         listed = (axes,) if isinstance(axes, str) else axes
         need(
@@ -131,16 +132,7 @@ def ch13_block_bytes(block_bytes):
     from book.lessons import transformer as tr
 
     answered(block_bytes, "set block_bytes to a number of bytes")
-    need(
-        isinstance(block_bytes, (int, float, np.integer, np.floating))
-        and not isinstance(block_bytes, bool),
-        f"block_bytes is a {type(block_bytes).__name__}; give a number of bytes.",
-    )
-    try:
-        finite = math.isfinite(float(block_bytes))
-    except OverflowError:  # an int too large for a float
-        finite = False
-    need(finite, "block_bytes is not a finite number; give a number of bytes.")
+    block_bytes = number(block_bytes, "block_bytes", "a number of bytes")
     real = _tp_block_bytes()
     batch, seq, cfg = _BATCH, _SEQ, tr.Config()
     stream = batch * seq * cfg.d_model * 4
@@ -183,13 +175,13 @@ def ch13_memory_budget(rules, mesh_shape):
     ``memory_analysis`` counts them. The budget is a share of what DP needs, so that it means
     the same on any compiler.
     """
-    from book import layouts, specs
+    from book import layouts
 
     answered(rules, "set rules to a dict from logical names to mesh axes")
     answered(mesh_shape, "set mesh_shape to a mesh shape such as '4x2'")
     try:
         a = layouts.analyze(rules, mesh_shape)
-    except specs.SpecError as err:
+    except ReaderError as err:
         raise Wrong(str(err)) from None
     budget = memory_budget()
     kept = a.argument_bytes + a.output_bytes  # parameters, new parameters and gradients
