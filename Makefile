@@ -29,8 +29,11 @@ check-dot:
 book: $(STAMP) check-dot
 	$(BIN)/jupyter-book build . --warningiserror --keep-going
 
+# Every chapter an nbmake item (tests/conftest.py runs each on a copy, kept for the book build,
+# and puts them first). --no-loadscope-reorder keeps that order, so both workers execute chapters
+# before one builds the book from them, rather than one waiting with the book's large group.
 test: $(STAMP) check-dot
-	$(BIN)/pytest -n 2 --dist loadgroup --durations=10 tests
+	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=10 --nbmake notebooks tests
 
 # Every chapter alone in an empty folder, the package installed --no-deps beside pyproject's
 # dependencies only, as Colab and Kaggle run it: on the oldest jax the book supports (with

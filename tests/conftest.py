@@ -1,9 +1,10 @@
-"""Shared test set-up: 8 mock CPU devices, each chapter executed once, one build of the book.
+"""Shared test set-up: 8 mock CPU devices, each chapter executed once by nbmake, one book build.
 
-A test run executes every chapter once as written (``chapter_run``, shared by the xdist
-workers), and the book is built from those executed notebooks with execution off
-(``built_book``), so no chapter runs a third time. The tests that read the built book share the
-xdist group "book", and so one worker and one build.
+``make test`` collects every chapter as an nbmake item beside these tests (``pytest --nbmake
+notebooks tests``). Each chapter runs on a copy in a folder of its own (``NotebookCopies``), and
+the book is built from those executed copies with execution off (``built_book``), so no chapter
+runs a third time. The tests that read the built book share the xdist group "book", and so one
+worker and one build.
 """
 
 import functools
@@ -14,22 +15,18 @@ import shutil
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
-import nbformat
 import pytest
 import yaml
-from filelock import FileLock
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from nbmake.pytest_items import NotebookItem
 
 import book.devices
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-CELL_TIMEOUT = 300  # seconds for one cell, as the book build allows
-ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of IPython's tracebacks
+WAIT = 1800  # seconds to wait for a chapter's nbmake item, as long as the book build may take
 # The pages with a form; test_book_build.py checks that no other page has one.
 FORM_PAGES = (
     "02_sharded_arrays",
@@ -55,47 +52,85 @@ def pages() -> list[str]:
     return files
 
 
-@dataclass(frozen=True)
-class ChapterRun:
-    """One chapter executed as written: the notebook with its outputs, and why it stopped early."""
+class NotebookCopies:
+    """Runs each notebook nbmake collects on a copy in a folder of its own, and keeps it executed.
 
-    stem: str
-    path: Path  # the executed notebook, kept for the book build and for people to read
-    error: str | None  # None when every cell ran
+    nbmake runs a notebook in the folder that holds it, and chapters write files there (chapter
+    11 the scripts it launches), so each item is pointed at a copy in ``executed/<stem>/`` of the
+    run's temporary folder, which both xdist workers share; nbmake's ``--overwrite`` then writes
+    the executed copy, outputs and any error included, over that copy, never over notebooks/.
+    A marker written after the item says the copy is final, for the book build and the exercise
+    tests, which may run on the other worker. A plugin rather than hooks of this conftest: pytest
+    calls a conftest's test-running hooks only for the items below its folder.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        self.sources = {}  # stem: the committed notebook, for the items of this run
+
+    @functools.cached_property
+    def folder(self) -> Path:
+        base = self.config._tmp_path_factory.getbasetemp()
+        # An xdist worker's temporary folder lies inside the run's, which the workers share.
+        shared = base.parent if hasattr(self.config, "workerinput") else base
+        return shared / "executed"
+
+    def copy(self, stem: str) -> Path:
+        return self.folder / stem / f"{stem}.ipynb"
+
+    def done(self, stem: str) -> Path:
+        return self.folder / f"{stem}.done"
+
+    @pytest.hookimpl(trylast=True)  # after -k and --deselect: only the items that will run
+    def pytest_collection_modifyitems(self, config, items):
+        notebooks = [item for item in items if isinstance(item, NotebookItem)]
+        for item in notebooks:
+            self.sources[Path(item.filename).stem] = Path(item.filename)
+            config.option.overwrite = True  # safe: every notebook item runs on a copy
+        # The notebooks first, the last chapter first: with xdist's --no-loadscope-reorder both
+        # workers execute chapters before one of them builds the book, and the chapter it may
+        # wait for on the other worker is one of the first, the shortest.
+        items[:] = notebooks[::-1] + [item for item in items if item not in notebooks]
+
+    def pytest_runtest_setup(self, item):
+        if isinstance(item, NotebookItem):
+            stem = Path(item.filename).stem
+            self.done(stem).unlink(missing_ok=True)
+            self.copy(stem).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.sources[stem], self.copy(stem))
+            item.filename = str(self.copy(stem))
+
+    def pytest_runtest_teardown(self, item):
+        if isinstance(item, NotebookItem):
+            self.done(Path(item.filename).stem).touch()
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(NotebookCopies(config), "notebook-copies")
 
 
 @pytest.fixture(scope="session")
-def chapter_run(tmp_path_factory, worker_id):
-    """``chapter_run(stem)`` executes a chapter once per test run, in an empty folder of its own.
+def executed(pytestconfig):
+    """``executed(stem)``: the chapter as its nbmake item executed it in this run, once finished.
 
-    Chapters write files (chapter 11 writes the scripts it launches), so each one runs where
-    nothing else does. The runs are shared by the xdist workers of one test run through a
-    folder and a lock per chapter: whichever worker asks first executes the chapter, the other
-    waits for it and reads the result, so the runs spread over both workers and none repeats.
-    A chapter that fails keeps the outputs up to and including the error, so its page shows
-    what went wrong; the error is kept for the chapter's own test to report.
+    The item may run on the other xdist worker, so this waits for its marker. A chapter that
+    failed keeps its outputs up to and including the error, so its page shows what went wrong;
+    its own item reports the failure. Without the chapter's item in the run (``pytest tests``
+    alone) there is nothing to read, and the test is skipped with the command that executes it.
     """
-    own = tmp_path_factory.getbasetemp()
-    executed = (own if worker_id == "master" else own.parent) / "executed"
-    executed.mkdir(exist_ok=True)
+    copies = pytestconfig.pluginmanager.get_plugin("notebook-copies")
 
-    def run(stem: str) -> ChapterRun:
-        path, failure = executed / f"{stem}.ipynb", executed / f"{stem}.error"
-        with FileLock(executed / f"{stem}.lock"):
-            if not path.exists():
-                nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
-                folder = tmp_path_factory.mktemp(stem)
-                client = NotebookClient(
-                    nb, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(folder)}}
-                )
-                try:
-                    client.execute()
-                except (CellExecutionError, CellTimeoutError, DeadKernelError) as err:
-                    failure.write_text(ANSI.sub("", f"{type(err).__name__}: {err}"))
-                nbformat.write(nb, path)  # last: its presence says the run is complete
-        return ChapterRun(stem, path, failure.read_text() if failure.exists() else None)
+    def wait(stem: str) -> Path:
+        if stem not in copies.sources:
+            pytest.skip(f"{stem} is not executed in this run: add --nbmake notebooks (make test)")
+        deadline = time.monotonic() + WAIT
+        while not copies.done(stem).exists():
+            if time.monotonic() > deadline:
+                pytest.fail(f"{stem}'s nbmake item did not finish within {WAIT} s")
+            time.sleep(1)
+        return copies.copy(stem)
 
-    return run
+    return wait
 
 
 def stage_book(folder: Path, executed: list[Path]) -> None:
@@ -112,19 +147,18 @@ def stage_book(folder: Path, executed: list[Path]) -> None:
 
 
 @pytest.fixture(scope="session")
-def built_book(chapter_run, tmp_path_factory):
+def built_book(executed, tmp_path_factory):
     """The book built from this run's executed chapters, with warnings as errors: its HTML folder.
 
     A chapter that failed is still built (its page shows the error), so the other pages are
-    checked all the same; the chapter's own test reports the failure. The landing page's map
-    of the chapters is a Graphviz drawing, so without ``dot`` the book cannot build.
+    checked all the same; the chapter's own nbmake item reports the failure. The landing page's
+    map of the chapters is a Graphviz drawing, so without ``dot`` the book cannot build.
     """
     if shutil.which("dot") is None:
         pytest.skip("Graphviz's dot is not installed, and the landing page's chapter map needs it")
     source = tmp_path_factory.mktemp("book")
-    # Last chapter first: test_chapters.py asks from the first, so two workers seldom wait.
-    executed = [chapter_run(stem).path for stem in reversed(chapters())]
-    stage_book(source, executed)
+    paths = [executed(stem) for stem in chapters()]
+    stage_book(source, paths)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     done = subprocess.run(
         [str(jupyter_book), "build", str(source), "--warningiserror"],

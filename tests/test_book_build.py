@@ -2,7 +2,7 @@
 
 Grouped by what is checked: errors and launch buttons on every chapter page in _toc.yml, then
 the results the cells printed, the errors they provoke on purpose, tables, diagrams, plots and
-forms, each listed per page. The pages are built from the chapter runs of ``test_chapters.py``.
+forms, each listed per page. The pages are built from the chapters as nbmake executed them.
 """
 
 import re

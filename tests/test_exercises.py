@@ -4,7 +4,10 @@ The committed notebooks keep the reader's cells as stubs; as written, each check
 exercise is not answered yet, never fail the chapter. Then each exercise cell is replaced by the
 solution folded below it (keeping the checking call), the chapter is executed a second
 time, and every checker must answer "Correct". These second runs belong to no xdist group, so
-they run beside the chapters' first runs and the book build.
+they run beside the book build. They are nbclient runs rather than nbmake items: nbmake executes
+notebook files as they are collected, while each of these runs a notebook rewritten here and
+then reads the verdicts its cells showed; they take nbmake's cell timeout and kernel from the
+project's pytest options, so both runs of a chapter execute alike.
 """
 
 import re
@@ -93,7 +96,7 @@ print(*map(repr, _verdicts), sep="\\n")
 
 
 @pytest.mark.parametrize("path", chapters_with_exercises(), ids=lambda p: p.stem)
-def test_worked_solutions_pass_their_checkers(path, tmp_path):
+def test_worked_solutions_pass_their_checkers(path, tmp_path, pytestconfig):
     """Each solution, checked right after the reader changed JAX's settings and set a mesh."""
     nb = nbformat.read(path, as_version=4)
     cells = exercise_cells(nb)
@@ -103,7 +106,12 @@ def test_worked_solutions_pass_their_checkers(path, tmp_path):
         listed = "".join(f"        {line.strip()},\n" for line in checks)
         check = CHECKED_AS_READERS_SET.format(settings=READERS_SETTINGS, checks=listed)
         nb.cells[i].source = f"import jax\n\n{solution}\n{check}"
-    NotebookClient(nb, timeout=300, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb,
+        timeout=pytestconfig.getoption("nbmake_timeout"),
+        kernel_name=pytestconfig.getoption("nbmake_kernel") or "",  # "": the notebook's own
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
     for i, _ in cells:
         shown = verdicts(nb.cells[i]).strip()
         assert shown and all(line.startswith("Correct:") for line in shown.splitlines()), (
@@ -112,10 +120,13 @@ def test_worked_solutions_pass_their_checkers(path, tmp_path):
 
 
 @pytest.mark.parametrize("path", chapters_with_exercises(), ids=lambda p: p.stem)
-def test_stubs_are_explained_not_failed(path, chapter_run):
-    run = chapter_run(path.stem)
-    assert run.error is None, f"{path.stem} did not execute as written: see its own test"
-    nb = nbformat.read(run.path, as_version=4)
+def test_stubs_are_explained_not_failed(path, executed):
+    """Read from the chapter as its nbmake item executed it, so it runs no second time here."""
+    nb = nbformat.read(executed(path.stem), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    ran = all(c.execution_count for c in code)
+    failed = any(o.output_type == "error" for c in code for o in c.outputs)
+    assert ran and not failed, f"{path.stem} did not execute as written: see its own nbmake item"
     for i, _ in exercise_cells(nb):
         shown = verdicts(nb.cells[i])
         assert shown.startswith("Not answered yet"), f"{path.stem} cell {i}: {shown}"
