@@ -4,7 +4,12 @@ A parallel matmul adds its partial products in another order than one device wou
 float32 result may differ from the plain product in the last bits, but never by more than
 rounding allows. ``assert_product`` measures the error against a float64 reference, relative to
 ``|A| @ |B|`` (the size of the terms being added), so one bound fits every entry whatever
-its own magnitude, and a wrong block (a misplaced index, a missing step) fails loudly.
+its own magnitude, and a wrong block (a misplaced index, a missing step) fails loudly. An
+entry that is ``nan`` or infinite is never within a tolerance, so it fails too.
+
+What is checked is refused in one sentence (``book.validate``) when it cannot be checked at
+all: operands that are not matrices of finite numbers, or whose shapes do not multiply, and a
+tolerance that is not a number between 0 and 1 (``nan`` would pass everything).
 """
 
 from __future__ import annotations
@@ -13,8 +18,38 @@ import math
 
 import numpy as np
 
+from book import validate
+
 RTOL = 1e-5  # the least tolerance, for short sums
 _EPS32 = float(np.finfo(np.float32).eps)
+
+
+def _numbers(value, name: str) -> np.ndarray:
+    """``value`` as a float64 array, or one sentence when it holds no numbers."""
+    array = None
+    if not isinstance(value, (str, bytes, dict, set)):
+        try:
+            array = np.asarray(value)
+        except Exception:  # noqa: BLE001 - a ragged or self-holding list, an odd object
+            array = None
+    if array is None or array.dtype.kind not in "biuf":
+        raise validate.WrongKind(
+            f"{name} must be an array of numbers, not {validate.describe(value)}."
+        )
+    with np.errstate(over="ignore"):
+        return array.astype(np.float64)
+
+
+def _operand(value, name: str) -> np.ndarray:
+    array = _numbers(value, name)
+    if array.ndim != 2:
+        raise validate.BadValue(f"{name} must be a matrix (2-D), not of shape {array.shape}.")
+    if not np.isfinite(array).all():
+        raise validate.BadValue(
+            f"{name} holds nan or infinite values, so no product of it can be checked; use "
+            "finite numbers."
+        )
+    return array
 
 
 def tolerance(k: int) -> float:
@@ -24,19 +59,30 @@ def tolerance(k: int) -> float:
     the additions; 16 of them leave room for any blocking, and a misplaced block of ``A`` or
     ``B`` is still off by a large fraction of the scale.
     """
+    k = validate.whole(k, "k, the length of the sums", high=2**62, error=validate.BadValue)
     return max(RTOL, 16 * _EPS32 * math.sqrt(k))
 
 
 def product_error(result, a, b) -> np.ndarray:
-    """Each entry's error against ``a @ b`` in float64, relative to ``|a| @ |b|``."""
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    got = np.asarray(result, np.float64)
+    """Each entry's error against ``a @ b`` in float64, relative to ``|a| @ |b|``.
+
+    A result of the wrong shape is a wrong result, so it raises ``AssertionError``; an entry
+    that is ``nan`` or infinite has an infinite error.
+    """
+    a64, b64 = _operand(a, "A"), _operand(b, "B")
+    if a64.shape[1] != b64.shape[0]:
+        raise validate.BadValue(
+            f"A is {a64.shape} and B is {b64.shape}: A @ B needs as many columns in A as rows in B."
+        )
+    got = _numbers(result, "The result")
     if got.shape != (a64.shape[0], b64.shape[1]):
         raise AssertionError(
             f"The result has shape {got.shape}, but A @ B has shape {(a64.shape[0], b64.shape[1])}."
         )
     scale = np.abs(a64) @ np.abs(b64)
-    return np.abs(got - a64 @ b64) / np.maximum(scale, np.finfo(np.float64).tiny)
+    with np.errstate(invalid="ignore", over="ignore"):
+        error = np.abs(got - a64 @ b64) / np.maximum(scale, np.finfo(np.float64).tiny)
+    return np.where(np.isfinite(got), error, np.inf)
 
 
 def assert_product(result, a, b, *, row_blocks: int = 1, rtol: float | None = None) -> float:
@@ -47,7 +93,20 @@ def assert_product(result, a, b, *, row_blocks: int = 1, rtol: float | None = No
     defaults to ``tolerance(K)``.
     """
     error = product_error(result, a, b)
-    rtol = tolerance(np.shape(a)[1]) if rtol is None else rtol
+    row_blocks = validate.whole(
+        row_blocks, "row_blocks", high=validate.MAX_DEVICES, error=validate.BadValue
+    )
+    if rtol is None:
+        rtol = tolerance(max(1, np.shape(a)[1]))
+    else:
+        rtol = validate.number(
+            rtol,
+            "rtol",
+            above=True,
+            high=1.0,
+            wanted="a tolerance above 0 such as 1e-5",
+            error=validate.BadValue,
+        )
     bad = error > rtol
     if bad.any():
         rows = np.flatnonzero(bad.any(axis=1))
@@ -55,9 +114,13 @@ def assert_product(result, a, b, *, row_blocks: int = 1, rtol: float | None = No
         blocks = sorted({int(r) // height for r in rows}) if height else []
         where = f" (row blocks {blocks} of {row_blocks})" if row_blocks > 1 and blocks else ""
         r, c = np.unravel_index(np.argmax(error), error.shape)
+        off = (
+            "is not a finite number"
+            if np.isinf(error[r, c])
+            else f"is off by {error[r, c]:.2g} of its scale, more than {rtol:g}"
+        )
         raise AssertionError(
             f"The result differs from A @ B in {int(bad.sum())} of {error.size} entries, in "
-            f"{len(rows)} rows{where}; the worst, row {r} column {c}, is off by "
-            f"{error[r, c]:.2g} of its scale, more than {rtol:g}."
+            f"{len(rows)} rows{where}; the worst, row {r} column {c}, {off}."
         )
-    return float(error.max())
+    return float(error.max()) if error.size else 0.0

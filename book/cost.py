@@ -11,17 +11,34 @@ Bytes become time in the alpha-beta model, ``ring_steps(op, n) * hop_latency + b
 bandwidth`` (``collective_seconds``): a fixed latency for each of the ring's sequential steps, plus
 the bytes over the bandwidth. The first term grows with ``n``; for a fixed ``S`` the second does
 not.
+
+Every argument is checked first (``book.validate``): a formula fed ``nan``, a negative size or
+a string would otherwise answer with a number that looks like a result.
 """
 
 from __future__ import annotations
 
 from book import validate
 
+# Sizes and counts a formula takes: as large as the tokens of a whole training run.
+MAX_COUNT = 2**62
 
-def _check(n: int) -> None:
-    validate.whole(
+
+def _check(n) -> int:
+    return validate.whole(
         n, "A ring's number of devices", high=validate.MAX_DEVICES, error=validate.BadValue
     )
+
+
+def _bytes(value, name: str = "The number of bytes") -> float:
+    """A size in bytes: a finite number of at least 0 (a float, as averages and shares are)."""
+    return validate.number(
+        value, name, wanted="a number of bytes such as 1024", error=validate.BadValue
+    )
+
+
+def _size(value, name: str) -> int:
+    return validate.whole(value, name, low=0, high=MAX_COUNT, error=validate.BadValue)
 
 
 def matmul_flops(m: int, k: int, n: int, batch: int = 1) -> int:
@@ -31,7 +48,8 @@ def matmul_flops(m: int, k: int, n: int, batch: int = 1) -> int:
     ``k - 1`` adds, which the convention (and XLA's ``cost_analysis``) rounds to one multiply
     and one add per multiply-accumulate.
     """
-    return 2 * batch * m * k * n
+    m, k, n = _size(m, "m"), _size(k, "k"), _size(n, "n")
+    return 2 * _size(batch, "batch") * m * k * n
 
 
 def all_gather_bytes(result_bytes: float, n: int) -> float:
@@ -41,7 +59,7 @@ def all_gather_bytes(result_bytes: float, n: int) -> float:
     On a ring each step forwards one piece to the next neighbour, so after ``n - 1`` steps every
     device has sent (and received) ``n - 1`` pieces of ``result_bytes / n``.
     """
-    _check(n)
+    n, result_bytes = _check(n), _bytes(result_bytes)
     return (n - 1) / n * result_bytes
 
 
@@ -53,7 +71,7 @@ def reduce_scatter_bytes(input_bytes: float, n: int) -> float:
     its own piece to the partial sum it received and forwards one piece of ``input_bytes / n``.
     It is an all-gather run backwards, so it costs the same.
     """
-    _check(n)
+    n, input_bytes = _check(n), _bytes(input_bytes)
     return (n - 1) / n * input_bytes
 
 
@@ -64,7 +82,7 @@ def all_reduce_bytes(nbytes: float, n: int) -> float:
     one ``1/n`` piece) followed by an all-gather of those pieces: twice ``(n - 1) / n * nbytes``.
     This is why an all-reduce costs about as much as an all-gather and a reduce-scatter together.
     """
-    _check(n)
+    n, nbytes = _check(n), _bytes(nbytes)
     return 2 * (n - 1) / n * nbytes
 
 
@@ -79,7 +97,7 @@ def all_to_all_bytes(nbytes: float, n: int) -> float:
     (NVSwitch, say) carries. On a ring, pieces for distant devices are forwarded through the ones
     between, so each link carries more than leaves a device: ``all_to_all_ring_link_bytes``.
     """
-    _check(n)
+    n, nbytes = _check(n), _bytes(nbytes)
     return (n - 1) / (n * n) * nbytes
 
 
@@ -97,15 +115,15 @@ def all_to_all_ring_link_bytes(nbytes: float, n: int, bidirectional: bool = True
     grows. On a one-way ring a piece crosses ``d`` links, which sum to ``n * (n - 1) / 2``, so
     each link carries ``(n - 1) / (2 * n) * nbytes``, half the all-gather's.
     """
-    _check(n)
-    if bidirectional:
+    n, nbytes = _check(n), _bytes(nbytes)
+    if validate.flag(bidirectional, "bidirectional", error=validate.BadValue):
         return n * n // 4 / (n * n) * nbytes
     return (n - 1) / (2 * n) * nbytes
 
 
 def collective_permute_bytes(nbytes: float) -> float:
     """Bytes each device sends in a collective-permute: its whole buffer, once."""
-    return float(nbytes)
+    return _bytes(nbytes)
 
 
 def ring_bytes(row) -> float:
@@ -117,6 +135,13 @@ def ring_bytes(row) -> float:
     picks the right one. A collective-permute in which every device sends to itself moves
     nothing.
     """
+    from book.hlo import Collective
+
+    if not isinstance(row, Collective):
+        raise validate.WrongKind(
+            f"ring_bytes takes a row of book.hlo.collectives(compiled), not "
+            f"{validate.describe(row)}."
+        )
     n = row.group_size
     if row.op == "all-gather":
         return all_gather_bytes(row.bytes, n)
@@ -129,7 +154,7 @@ def ring_bytes(row) -> float:
     if row.op == "collective-permute":
         moves = any(source != target for source, target in row.groups)
         return collective_permute_bytes(row.bytes) if moves else 0.0
-    raise ValueError(f"No ring formula for {row.op!r}.")
+    raise validate.BadValue(f"No ring formula for {validate.describe(row.op)}.")
 
 
 _STEPS = {"all-gather": 1, "reduce-scatter": 1, "all-to-all": 1, "all-reduce": 2}
@@ -144,13 +169,16 @@ def ring_steps(op: str, n: int) -> int:
     latency term. It is the count NCCL's own cost model uses for its ring; a schedule that sends
     both ways round at once needs about half as many.
     """
-    _check(n)
+    n = _check(n)
+    if not isinstance(op, str) or op not in (*_STEPS, "collective-permute"):
+        raise validate.BadValue(
+            f"No ring schedule for {validate.describe(op)}; use one of "
+            f"{', '.join(map(repr, _STEPS))} or 'collective-permute'."
+        )
     if n == 1:
         return 0
     if op == "collective-permute":
         return 1
-    if op not in _STEPS:
-        raise ValueError(f"No ring schedule for {op!r}.")
     return _STEPS[op] * (n - 1)
 
 
@@ -166,9 +194,19 @@ def collective_seconds(
     ``hop_latency`` the fixed cost of one step in seconds. Both terms are best cases: real
     collectives reach less than the peak bandwidth and pay start-up costs this model leaves out.
     """
-    if bandwidth <= 0 or hop_latency < 0 or steps < 0:
-        raise ValueError(
-            "Need a positive bandwidth and a latency and step count of at least 0, not "
-            f"bandwidth={bandwidth!r}, hop_latency={hop_latency!r}, steps={steps!r}."
-        )
+    link_bytes = _bytes(link_bytes, "link_bytes")
+    steps = _size(steps, "steps")
+    bandwidth = validate.number(
+        bandwidth,
+        "bandwidth",
+        above=True,
+        wanted="a positive number of bytes per second such as 450e9",
+        error=validate.BadValue,
+    )
+    hop_latency = validate.number(
+        hop_latency,
+        "hop_latency",
+        wanted="a number of seconds such as 1e-6",
+        error=validate.BadValue,
+    )
     return steps * hop_latency + link_bytes / bandwidth

@@ -88,7 +88,7 @@ def test_ring_steps_and_the_alpha_beta_time():
     # 1,400 bytes at 100 bytes/s take 14 s; 14 steps of 1 s add 14 s more.
     assert book.cost.collective_seconds(1400, 14, bandwidth=100, hop_latency=1) == 28
     assert book.cost.collective_seconds(1400, 0, bandwidth=100, hop_latency=1) == 14
-    with pytest.raises(ValueError, match="positive bandwidth"):
+    with pytest.raises(ValueError, match="bandwidth must be more than 0"):
         book.cost.collective_seconds(1400, 14, bandwidth=0, hop_latency=1)
 
 
