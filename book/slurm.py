@@ -36,9 +36,26 @@ ENDED = {
 USABLE = {"idle", "mix"}  # node states (sinfo's %t) with CPUs free for a new job
 _POLL_SECONDS = 0.2
 _LABEL = re.compile(r"^(\d+): ?(.*)$")
-_GLOO_NOTICE = re.compile(
-    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
-    r"Expected number of connected peer ranks is : \d+\n?"
+
+
+def _broken_anywhere(template: str) -> re.Pattern:
+    """``template`` (``{n}`` for a number) as a pattern that also matches it cut into lines.
+
+    ``srun`` passes on what a task wrote as it arrives and ends a part line with a line break,
+    so a notice that native code writes in pieces can reach the output split over lines.
+    """
+    parts = []
+    for piece in re.split(r"(\{n\})", template):
+        if piece == "{n}":
+            parts.append(r"\d(?:\n?\d)*\n?")
+        else:
+            parts.extend(re.escape(char) + r"\n?" for char in piece)
+    return re.compile("".join(parts))
+
+
+_GLOO_NOTICE = _broken_anywhere(
+    "[Gloo] Rank {n} is connected to {n} peer ranks. "
+    "Expected number of connected peer ranks is : {n}"
 )
 
 
