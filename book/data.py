@@ -31,9 +31,43 @@ _KINDS = "biufc"  # booleans, integers, floats and complex numbers: what a jax.A
 
 
 def _folder(folder, what: str) -> Path:
-    if not isinstance(folder, (str, os.PathLike)) or not str(folder).strip():
+    path = os.fspath(folder) if isinstance(folder, os.PathLike) else folder
+    if not isinstance(path, str) or not path.strip():
         raise ReaderError(f"{what} must be a folder path, not {validate.describe(folder)}.")
-    return Path(folder)
+    if "\0" in path:
+        raise ReaderError(f"{what} holds a NUL character, which no path can; check the path.")
+    return Path(path)
+
+
+def _open_field(path: Path, where: str) -> np.ndarray:
+    """A field's file, memory-mapped: only a regular file, so a pipe cannot block the reader.
+
+    Opening a named pipe (a FIFO) for reading waits for a writer that may never come, and a
+    device such as ``/dev/zero`` never ends, so anything but a regular file is refused first.
+    """
+    try:
+        regular = path.is_file()
+    except OSError:
+        regular = False
+    if not regular:
+        raise ReaderError(
+            f"{path.name}{where} is not a regular file (a folder, a pipe or a device); keep only "
+            "the fields book.data.write saves there."
+        )
+    try:
+        return np.load(path, mmap_mode="r")
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same mistake
+        raise ReaderError(
+            f"{path.name}{where} is not a readable .npy file of numbers "
+            f"({type(err).__name__}); write it again with book.data.write."
+        ) from None
+
+
+def _field_paths(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.glob("*.npy")) if folder.is_dir() else []
+    except OSError as err:
+        raise ReaderError(f"{folder} cannot be read ({err.strerror}); check the path.") from None
 
 
 def _check_field(name: str, values: np.ndarray, where: str) -> None:
@@ -72,18 +106,12 @@ class Source:
 
     def __init__(self, folder):
         self.folder = _folder(folder, "The source")
-        paths = sorted(self.folder.glob("*.npy")) if self.folder.is_dir() else []
+        paths = _field_paths(self.folder)
         if not paths:
             raise ReaderError(f"There are no .npy files in {self.folder}; write the data first.")
         self.fields = {}
         for path in paths:
-            try:
-                self.fields[path.stem] = np.load(path, mmap_mode="r")
-            except Exception as err:
-                raise ReaderError(
-                    f"{path.name} in {self.folder} is not a readable .npy file of numbers "
-                    f"({type(err).__name__}); write it again with book.data.write."
-                ) from None
+            self.fields[path.stem] = _open_field(path, f" in {self.folder}")
             _check_field(path.stem, self.fields[path.stem], f" in {self.folder}")
         sizes = {len(a) for a in self.fields.values()}
         if len(sizes) != 1:
@@ -95,8 +123,17 @@ class Source:
         self.reads: list[int] = []
 
     def read(self, field: str, rows) -> np.ndarray:
-        """The rows numbered ``rows`` of ``field``, in that order, as an in-memory array."""
-        rows = np.asarray(rows)
+        """The rows numbered ``rows`` of ``field``, in that order, as an in-memory array.
+
+        Row numbers run from 0 to ``num_examples - 1``; a negative one is refused rather than
+        counted from the end, as NumPy would, since no example is numbered -1.
+        """
+        if not isinstance(field, str) or field not in self.fields:
+            raise ReaderError(
+                f"{validate.describe(field)} is not a field of the source; use one of "
+                f"{', '.join(map(repr, self.fields))}."
+            )
+        rows = _rows(rows, self.num_examples)
         self.reads.append(int(rows.size))
         return np.asarray(self.fields[field][rows])
 
@@ -108,7 +145,10 @@ class Source:
 def write(folder, **fields) -> Source:
     """Save each field as ``folder/<name>.npy`` and open them as a ``Source``.
 
-    Every field is checked before anything is written, so a refused field leaves no files.
+    Everything is checked before anything is written: every field, and the fields the folder
+    already holds that these do not replace, which must have as many rows, since the source
+    reads them all. Each file is written under another name first and renamed into place at
+    the end, so a refused or failed write leaves the folder as it was.
     """
     folder = _folder(folder, "The folder")
     if not fields:
@@ -130,9 +170,33 @@ def write(folder, **fields) -> Source:
             f"The fields have different numbers of rows ({sorted(sizes)}); give every field "
             "one row per example."
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, values in arrays.items():
-        np.save(folder / f"{name}.npy", values)
+    (rows,) = sizes
+    for path in _field_paths(folder):
+        if path.stem in arrays:
+            continue
+        kept = _open_field(path, f" in {folder}")
+        _check_field(path.stem, kept, f" in {folder}")
+        if len(kept) != rows:
+            raise ReaderError(
+                f"{folder} already holds field {path.stem!r} with {len(kept):,} rows, not "
+                f"{rows:,}; write into an empty folder, or write {path.stem!r} again too."
+            )
+    written = []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, values in arrays.items():
+            partial = folder / f"{name}.npy.partial"
+            with open(partial, "wb") as f:
+                np.save(f, values)
+            written.append((partial, folder / f"{name}.npy"))
+    except OSError as err:
+        for partial, _ in written:
+            partial.unlink(missing_ok=True)
+        raise ReaderError(
+            f"Could not write to {folder} ({err.strerror}); check the path."
+        ) from None
+    for partial, path in written:
+        os.replace(partial, path)
     return Source(folder)
 
 
@@ -247,7 +311,12 @@ def process_slice(sharding, shape) -> slice:
         raise ReaderError(
             f"sharding must be a jax.sharding.Sharding, not {validate.describe(sharding)}."
         )
-    rows = rows_of_this_process(sharding, tuple(shape))  # chapter 10's function
+    try:
+        rows = rows_of_this_process(sharding, tuple(shape))  # chapter 10's function
+    except Exception as err:  # noqa: BLE001 - JAX's refusal of this shape, said in one line
+        raise ReaderError(
+            f"The sharding cannot hold a batch of shape {shape}: {_first_line(err)}."
+        ) from None
     if rows is None:
         raise ScatteredRows(
             "This process's devices hold rows of the batch that are not next to each "
@@ -332,11 +401,42 @@ class Loader:
         out = {}
         for field in self.source.fields:
             s = sharding[field] if isinstance(sharding, Mapping) else sharding
-            out[field] = self.build(Batch(self.source, field, np.asarray(rows)), s)
+            batch = Batch(self.source, field, np.asarray(rows))
+            out[field] = _built(self.build(batch, s), batch, s)
         return out
 
     def __len__(self):
         return self.steps_per_epoch
+
+
+def _built(value, batch: Batch, sharding):
+    """What ``build`` returned, refused unless it is the batch as asked: a jax.Array of the
+    batch's shape, laid out by the sharding it was given.
+
+    A loader that yielded whatever ``build`` returned would hand a training step ``None``, or
+    an array on one device, and the step would fail far from the mistake.
+    """
+    import jax
+
+    wanted = (
+        f"a jax.Array of shape {batch.shape} laid out by the sharding it is given, as "
+        "jax.make_array_from_callback(batch.shape, sharding, batch.read) makes"
+    )
+    if not isinstance(value, jax.Array):
+        raise ReaderError(
+            f"build returned {validate.describe(value)} for field {batch.field!r}; return {wanted}."
+        )
+    if value.shape != batch.shape:
+        raise ReaderError(
+            f"build returned an array of shape {value.shape} for field {batch.field!r}; "
+            f"return {wanted}."
+        )
+    if not value.sharding.is_equivalent_to(sharding, value.ndim):
+        raise ReaderError(
+            f"build returned field {batch.field!r} laid out otherwise than the sharding it was "
+            f"given; return {wanted}."
+        )
+    return value
 
 
 def _check_shardings(source: Source, global_batch: int, sharding) -> None:
@@ -387,11 +487,20 @@ def _check_split(field: str, shape: tuple[int, ...], sharding) -> None:
     try:
         sharding.shard_shape(shape)
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ReaderError(
             f"The sharding of field {field!r} cannot hold a batch of shape {shape}: "
-            f"{first[:160].rstrip('.')}."
+            f"{_first_line(err)}."
         ) from None
+
+
+def _first_line(err: Exception) -> str:
+    """The first line of JAX's message, short, to end a sentence of the book's."""
+    try:
+        text = str(err).strip()
+    except Exception:  # noqa: BLE001 - a message that cannot be printed
+        text = ""
+    first = text.splitlines()[0] if text else type(err).__name__
+    return first[:160].rstrip(".")
 
 
 def check_epoch(ids, num_examples: int) -> None:
