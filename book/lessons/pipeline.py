@@ -45,12 +45,15 @@ def schedule(p, m, v=1):
     return work(np.arange(steps)[None, :], np.arange(p)[:, None], m, v)
 
 
-def pipeline_loss(params, tokens, targets, cfg, v=1, axes=(), policy=None):
+def pipeline_loss(
+    params, tokens, targets, cfg, v=1, axes=(), policy=None, remat_group=False
+):
     """The loss of m microbatches through the stages of the `stage` axis, on one stage.
 
     params["blocks"]: this stage's v groups of layers, (1, v, layers per group, ...);
     tokens and targets: (m, microbatch, seq), the same on every stage. axes: the mesh's
-    axes among INNER_AXES, which split each stage's work.
+    axes among INNER_AXES, which split each stage's work. remat_group: recompute the
+    selected group in the backward instead of keeping its weights at every step.
     """
     m = tokens.shape[0]
     p, s = jax.lax.axis_size("stage"), jax.lax.axis_index("stage")
@@ -67,16 +70,23 @@ def pipeline_loss(params, tokens, targets, cfg, v=1, axes=(), policy=None):
     state = jax.lax.pcast(jnp.zeros_like(x[0]), "stage", to="varying")
     ring = [(i, (i + 1) % p) for i in range(p)]
 
+    def run_group(state, mine, index):
+        group = jax.tree.map(lambda a: a[index], mine)
+        return run_stage(state, group, cfg, axes, policy)
+
+    if remat_group:  # the backward keeps the index, not the group it selects
+        nothing = jax.checkpoint_policies.nothing_saveable
+        run_group = jax.checkpoint(run_group, policy=nothing)
+
     def step(carry, t):
         state, buffer = carry
         k = work(t, s, m, v)
         state = jnp.where(s == 0, buffer[t % m], state)  # stage 0 starts item t
-        # With v = 1 the group is the same at every step, so the backward keeps its
-        # weights once; with v > 1 the index depends on the step, and the backward keeps
-        # a copy of one group's weights per step (see the circular schedule).
+        # With v = 1 the group is the same at every step, so jax.grad keeps its
+        # weights once; with v > 1 the index depends on the step, and jax.grad keeps
+        # the selected group's weights at every step, unless remat_group.
         index = 0 if v == 1 else jnp.maximum(k, 0) // m
-        group = jax.tree.map(lambda a: a[index], mine)
-        state = run_stage(state, group, cfg, axes, policy)
+        state = run_group(state, mine, index)
         state = jax.lax.ppermute(state, "stage", ring)
         # What the last stage finished at this step has reached stage 0: to its slot.
         done = work(t, p - 1, m, v)
@@ -204,7 +214,9 @@ def cross_entropy(y, unembed, targets, axes):
     return jnp.mean(jnp.log(total) + top[..., 0] - jax.lax.psum(picked, "model"))
 
 
-def make_pipeline(cfg, params, mesh, tokens, targets, m, v=1, policy=None):
+def make_pipeline(
+    cfg, params, mesh, tokens, targets, m, v=1, policy=None, remat_group=False
+):
     """The jitted pipeline step on mesh, and its arguments placed on the mesh.
 
     tokens, targets: (batch, seq), cut into m microbatches of batch // m sequences.
@@ -216,7 +228,8 @@ def make_pipeline(cfg, params, mesh, tokens, targets, m, v=1, policy=None):
 
     def step(params, tokens, targets):
         loss_and_grad = jax.value_and_grad(pipeline_loss, has_aux=True)
-        return loss_and_grad(params, tokens, targets, cfg, v, axes, policy)
+        args = (cfg, v, axes, policy, remat_group)
+        return loss_and_grad(params, tokens, targets, *args)
 
     out_specs = ((P(), P("stage")), specs)
     step = jax.shard_map(
