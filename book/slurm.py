@@ -37,26 +37,12 @@ USABLE = {"idle", "mix"}  # node states (sinfo's %t) with CPUs free for a new jo
 _POLL_SECONDS = 0.2
 _LABEL = re.compile(r"^(\d+): ?(.*)$")
 
-
-def _broken_anywhere(template: str) -> re.Pattern:
-    """``template`` (``{n}`` for a number) as a pattern that also matches it cut into lines.
-
-    ``srun`` passes on what a task wrote as it arrives and ends a part line with a line break,
-    so a notice that native code writes in pieces can reach the output split over lines.
-    """
-    parts = []
-    for piece in re.split(r"(\{n\})", template):
-        if piece == "{n}":
-            parts.append(r"\d(?:\n?\d)*\n?")
-        else:
-            parts.extend(re.escape(char) + r"\n?" for char in piece)
-    return re.compile("".join(parts))
-
-
-_GLOO_NOTICE = _broken_anywhere(
-    "[Gloo] Rank {n} is connected to {n} peer ranks. "
-    "Expected number of connected peer ranks is : {n}"
-)
+# Gloo announces each connection on stdout, from one thread per local device at once, and
+# writes its notice in pieces ("[Gloo] Rank ", "2", " is connected to ", ...), so under srun
+# the pieces of several notices arrive interleaved and cut into lines. They come while the
+# worker waits in its first collective, between two lines it prints: a line made only of
+# the notice's words and numbers is made of those pieces.
+_NOTICE_WORDS = set("[Gloo] Rank is connected to peer ranks. Expected number of ranks :".split())
 
 
 class SlurmError(ReaderError, RuntimeError):
@@ -247,10 +233,12 @@ def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
             lines[int(found.group(1))].append(found.group(2))
     texts = []
     for task in lines:
-        joined = "\n".join(task) + "\n" if task else ""
-        while True:  # notices from several threads can nest one inside another
-            joined, found = _GLOO_NOTICE.subn("", joined)
-            if not found:
-                break
-        texts.append("".join(line + "\n" for line in joined.splitlines() if line.strip()))
+        kept = [line for line in task if line.strip() and not _notice(line)]
+        texts.append("".join(line + "\n" for line in kept))
     return Outputs(texts, script)
+
+
+def _notice(line: str) -> bool:
+    """Whether a line holds nothing but pieces of Gloo's connection notices (a bare number
+    too: a piece of one, as the workers print every value after its name)."""
+    return all(word in _NOTICE_WORDS or word.isdigit() for word in line.split())

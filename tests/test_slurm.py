@@ -46,9 +46,11 @@ def test_tasks_splits_labelled_output_and_drops_notices_and_slurm_lines():
         "1: sum: 3\n"
         "7: from a task the caller did not count\n"
     )
-    # srun ends a part line with a line break, so a notice written in pieces arrives split.
-    text += "1: [Gloo] Rank 5 is connected to 7\n1:  peer ranks. Expected number of conn\n"
-    text += "1: ected peer ranks is : 7\n"
+    # Pieces of notices written by several threads at once, as srun passed them on.
+    text += "1: [Gloo] Rank 1 is connected to 7 peer ranks. [Gloo] Rank 2 is connected to "
+    text += "Expected number of connected peer ranks is : [Gloo] Rank 37\n"
+    text += "1:  is connected to 7 peer ranks. 7 peer ranks. Expected number of connected\n"
+    text += "1: 7\n"
     outputs = book.slurm.tasks(text, 2, "w.py")
     assert list(outputs) == ["process_index: 0\n", "process_index: 1\nsum: 3\n"]
     assert outputs.script == "w.py"
