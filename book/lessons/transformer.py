@@ -123,7 +123,8 @@ def attention(x, p, cfg, layout):
     qkv = constrain(jnp.einsum("bsd,dkjh->bskjh", x, p["wqkv"]), heads, layout)
     group = cfg.n_heads // cfg.n_kv_heads
     q, k, v = qkv[:, :, :, :group], qkv[:, :, :, group], qkv[:, :, :, group + 1]
-    scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k) / np.sqrt(cfg.d_head)
+    # A Python float scales without promoting: bfloat16 scores stay bfloat16.
+    scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k) * cfg.d_head**-0.5
     seq = x.shape[1]
     causal = jnp.tril(jnp.ones((seq, seq), bool))  # position q sees positions s <= q
     weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
