@@ -468,6 +468,27 @@ def launch(
     process a worker started is gone, and the launch's temporary folder removed, when this
     returns or raises.
     """
+    with start(script, num_processes, devices_per_process, timeout, args, env=env) as job:
+        return job.wait()
+
+
+def start(
+    script,
+    num_processes: int = 2,
+    devices_per_process: int = 4,
+    timeout: float = 60,
+    args: Sequence = (),
+    *,
+    env: EnvChoice = None,
+) -> Job:
+    """Start ``script`` as ``launch`` does, and return the running workers as a ``Job``.
+
+    For what a cluster does to a running job: the caller watches what the workers print
+    (``Job.wait_for``), sends them signals (``Job.signal``), then waits for their end. Use it
+    as a context manager: leaving the ``with`` block stops every worker still running and
+    removes the launch's folder, as ``launch`` does when it returns. ``timeout`` counts from
+    the start, for every wait of the job.
+    """
     path = _check_script(script)
     num_processes = validate.processes(num_processes, "num_processes")
     devices_per_process = validate.whole(
@@ -487,6 +508,7 @@ def launch(
     procs: list[subprocess.Popen] = []
     seen: dict[int, int] = {}
     folder = Path(tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-"))
+    job = Job(path, procs, seen, folder, timeout, deadline)
     try:
         for i in range(num_processes):
             if time.monotonic() > deadline:
@@ -518,13 +540,143 @@ def launch(
                         start_new_session=True,
                     )
                 )
-        address = extras[0].get("JAX_COORDINATOR_ADDRESS") or coordinator
-        _wait(procs, folder, path, timeout, deadline, seen, address, address != coordinator)
-        return _outputs(folder, num_processes, path)
-    finally:
+        job.address = extras[0].get("JAX_COORDINATOR_ADDRESS") or coordinator
+        job.chosen_by_reader = job.address != coordinator
+        return job
+    except BaseException:
+        job.stop()
+        raise
+
+
+class Job:
+    """Worker processes that ``start`` began, while they run: watch them, signal them, wait.
+
+    ``wait`` ends the job as ``launch`` does, all workers stopped at the first failure (as
+    ``srun --kill-on-bad-exit`` does on a cluster); ``wait_for_exits`` instead lets each worker
+    end by itself, to see what a program does when nothing stops it from outside. ``stop``
+    (or leaving the ``with`` block) kills whatever still runs and removes the job's folder.
+    """
+
+    def __init__(self, path, procs, seen, folder, timeout, deadline):
+        self.path, self.procs, self.seen, self.folder = path, procs, seen, folder
+        self.timeout, self.deadline = timeout, deadline
+        self.address, self.chosen_by_reader = "", False
+        self.started = time.monotonic()
+        self.ended: dict[int, float] = {}  # process index: seconds after start when it exited
+        self._next_scan = 0.0
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.procs)
+
+    def output(self, process: int) -> str:
+        """What worker ``process`` has printed to stdout so far."""
+        return _read(self.folder / f"{self._index(process)}.out")
+
+    def outputs(self) -> Outputs:
+        """What every worker has printed so far, in process order."""
+        return _outputs(self.folder, len(self.procs), self.path)
+
+    def exit_codes(self) -> list[int | None]:
+        """Each worker's exit status so far (negative: the signal that ended it; None: running)."""
+        return [proc.poll() for proc in self.procs]
+
+    def signal(self, sig, process: int | None = None) -> None:
+        """Send signal ``sig`` to one worker, or to every worker (``process=None``).
+
+        It goes to the worker's Python process, the one running the script, as a scheduler
+        sends it to each task of a job.
+        """
+        sig = signal.Signals(sig)
+        targets = range(len(self.procs)) if process is None else [self._index(process)]
+        for i in targets:
+            if self.procs[i].poll() is None:
+                _signal(self.procs[i].pid, sig)
+
+    def wait_for(self, pattern: str, process: int = 0) -> re.Match:
+        """Wait until worker ``process`` prints a line matching ``pattern``; return the match.
+
+        Raises ``WorkerError`` when a worker fails first or the job's timeout passes.
+        """
+        i = self._index(process)
+        regex = re.compile(pattern, re.M)
+        while True:
+            found = regex.search(self.output(i))
+            if found:
+                return found
+            self._check(stop_at_failure=True)
+            if all(code is not None for code in self.exit_codes()):
+                raise WorkerError(
+                    f"Every worker running {self.path.name} ended before process {i} printed "
+                    f"a line matching {pattern!r}; look at its output.",
+                    i,
+                    self.outputs(),
+                )
+            time.sleep(_POLL_SECONDS)
+
+    def wait(self) -> Outputs:
+        """Wait until every worker has exited cleanly; return what each printed.
+
+        At the first failure every other worker is stopped and ``WorkerError`` raised, as
+        ``launch`` does.
+        """
+        _wait(
+            self.procs,
+            self.folder,
+            self.path,
+            self.timeout,
+            self.deadline,
+            self.seen,
+            self.address,
+            self.chosen_by_reader,
+        )
+        return self.outputs()
+
+    def wait_for_exits(self) -> list[int]:
+        """Wait until every worker has ended by itself, failed or not; return the exit codes.
+
+        Nothing is stopped from here (unless the job's timeout passes: then all are killed and
+        ``WorkerError`` is raised). ``ended`` says when each one exited, in seconds after start.
+        """
+        while True:
+            codes = self._check(stop_at_failure=False)
+            if all(code is not None for code in codes):
+                return codes
+            time.sleep(_POLL_SECONDS)
+
+    def stop(self) -> None:
+        """Kill every worker still running and everything below it; remove the job's folder."""
         with _interrupts_deferred():
-            _stop(procs, seen, folder)
-            shutil.rmtree(folder, ignore_errors=True)
+            _stop(self.procs, self.seen, self.folder)
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _index(self, process) -> int:
+        return validate.whole(
+            process, "process", low=0, high=max(len(self.procs) - 1, 0), example=0
+        )
+
+    def _check(self, stop_at_failure: bool) -> list[int | None]:
+        """Note exits and descendants; raise at a failure (if asked) or at the timeout."""
+        codes = self.exit_codes()
+        now = time.monotonic()
+        for i, code in enumerate(codes):
+            if code is not None and i not in self.ended:
+                self.ended[i] = now - self.started
+        if stop_at_failure and any(code not in (None, 0) for code in codes):
+            self.wait()  # raises WorkerError for the first failure, as launch does
+        if now > self.deadline and any(code is None for code in codes):
+            self.wait()  # raises WorkerError for the timeout
+        if now >= self._next_scan:
+            self._next_scan = now + _SCAN_SECONDS
+            running = [p.pid for p, code in zip(self.procs, codes) if code is None]
+            self.seen.update(_below(running))
+        return codes
 
 
 def _wait(

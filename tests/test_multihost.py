@@ -562,3 +562,45 @@ def test_folders_of_dead_launchers_are_swept(tmp_path):
     script.write_text("")
     launch(script, num_processes=2, devices_per_process=1)
     assert not stale.exists()
+
+
+# book.multihost.start: the workers handed back running, for what a scheduler does to a job.
+
+
+def test_a_started_job_is_watched_signalled_and_left_to_end_by_itself(sleeper, tmp_path):
+    with book.multihost.start(sleeper, 2, 1, timeout=60, args=[tmp_path]) as job:
+        assert job.wait_for(r"^worker (\d) started$", process=1).group(1) == "1"
+        job.wait_for(r"^worker 0 started$", process=0)
+        job.signal(signal.SIGTERM, process=0)
+        assert_exit = time.monotonic() + 20
+        while job.exit_codes()[0] is None:
+            assert time.monotonic() < assert_exit, "process 0 outlived its SIGTERM"
+            time.sleep(0.05)
+        assert job.exit_codes() == [-signal.SIGTERM, None]  # the other one still runs
+        job.signal(signal.SIGKILL)  # to every worker still running
+        assert job.wait_for_exits() == [-signal.SIGTERM, -signal.SIGKILL]
+        assert set(job.ended) == {0, 1} and job.outputs()[1] == "worker 1 started\n"
+        folder = job.folder
+    assert not folder.exists()
+    assert_nothing_left(tmp_path, recorded_pids(tmp_path))
+
+
+def test_waiting_for_a_line_stops_at_a_failure_as_launch_does(sleeper, tmp_path):
+    with book.multihost.start(sleeper, 2, 1, timeout=60, args=[tmp_path, "crash"]) as job:
+        with pytest.raises(WorkerError) as caught:
+            job.wait_for(r"^never printed$", process=1)
+    assert caught.value.process == 0 and caught.value.raised == "builtins.ValueError"
+    assert_nothing_left(tmp_path, recorded_pids(tmp_path))
+
+
+def test_leaving_the_block_stops_every_worker(sleeper, tmp_path):
+    with book.multihost.start(sleeper, 2, 1, timeout=60, args=[tmp_path, "child"]) as job:
+        wait_for_pid_files(tmp_path, 2)
+    assert all(code is not None for code in job.exit_codes())
+    assert_nothing_left(tmp_path, recorded_pids(tmp_path))
+
+
+def test_a_job_names_a_process_it_does_not_have(sleeper, tmp_path):
+    with book.multihost.start(sleeper, 2, 1, timeout=60, args=[tmp_path]) as job:
+        with pytest.raises(ReaderError, match="process"):
+            job.signal(signal.SIGTERM, process=2)
