@@ -1,0 +1,50 @@
+"""Chapter 19's train.py, as its %%writefile cell writes it, on the path the chapter only states.
+
+The chapter kills process 0, which also runs JAX's coordination service, and watches process 1
+abort at once. When a process other than the coordinator dies, the coordinator notices only by
+its missing heartbeats: train.py passes --heartbeat-timeout to jax.distributed.initialize, and
+the survivors must end by themselves within about that many seconds, although JAX's preemption
+service is on (it would swallow a scheduler's SIGTERM).
+"""
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import book.multihost
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTER = ROOT / "notebooks" / "19_a_training_run.ipynb"
+HEARTBEAT = 3
+
+
+@pytest.fixture
+def train_py(tmp_path):
+    """train.py as the chapter writes it, in a folder of its own."""
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    (source,) = [
+        "".join(c["source"])
+        for c in cells
+        if c["cell_type"] == "code" and "".join(c["source"]).startswith("%%writefile train.py")
+    ]
+    path = tmp_path / "train.py"
+    path.write_text(source.partition("\n")[2] + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_a_dead_peer_that_is_not_the_coordinator_stops_the_others_by_heartbeat(train_py, tmp_path):
+    flags = ["--steps", "200", "--checkpoint-every", "100", "--checkpoint-dir", tmp_path / "c"]
+    flags += ["--heartbeat-timeout", HEARTBEAT, "--batch", "8"]
+    with book.multihost.start(train_py, 2, 1, timeout=240, args=flags) as job:
+        job.wait_for(r"^step 2 ", process=0)
+        killed = time.monotonic() - job.started
+        job.signal(signal.SIGKILL, process=1)
+        exits = job.wait_for_exits()
+    # Aborted by the coordination service, or failed in its collective and left through
+    # train.py's os._exit(1): either way by itself, soon, and as a failure.
+    assert exits[1] == -signal.SIGKILL and exits[0] in (-signal.SIGABRT, 1)
+    assert job.ended[0] - killed < HEARTBEAT + 10
