@@ -117,17 +117,69 @@ def _title(title):
 # Tables and errors -------------------------------------------------------------------------------
 
 
+MAX_TABLE_ROWS = 10_000  # more than any page can show
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _cell(v) -> str:
+    """A cell as text: whole numbers with thousands separators, never an error of its own."""
+    if _is_number(v) and isinstance(v, int):
+        return f"{v:,}" if v.bit_length() <= 1000 else validate.describe(v)
+    try:
+        return str(v)
+    except Exception:  # noqa: BLE001 - an object whose str fails is named by its type
+        return validate.kind(v)
+
+
+def _sequence(value, what: str, example: str) -> list:
+    """A list or tuple (or an array, or rows made on the fly), never a text or a mapping.
+
+    A string would be taken one character at a time, a dict by its keys, so both are refused.
+    """
+    if (
+        isinstance(value, (str, bytes, dict, set))
+        or not hasattr(value, "__iter__")
+        or getattr(value, "ndim", 1) == 0
+    ):
+        raise DisplayError(
+            f"{what} must be a list, such as {example}, not {validate.describe(value)}."
+        )
+    items = []
+    for item in value:
+        items.append(item)
+        if len(items) > MAX_TABLE_ROWS:
+            raise DisplayError(f"{what} has more than {MAX_TABLE_ROWS:,} entries; show fewer.")
+    return items
+
+
 def table(headers, rows, *, title: str | None = None, note: str | None = None) -> Rendered:
     """A small table, HTML with a plain-text twin, for facts read from programs and runs.
 
     Numbers are right-aligned and written with thousands separators. ``note`` is a footnote
-    printed under the table, for what a row cannot say by itself.
+    printed under the table, for what a row cannot say by itself. Headers and rows are lists
+    (a text or a dict in their place is refused, not shown one character or key at a time),
+    each row with one cell per header.
     """
-    headers = [str(h) for h in headers]
-    rows = [list(row) for row in rows]
-    cells = [[f"{v:,}" if isinstance(v, int) else str(v) for v in row] for row in rows]
+    headers = [_cell(h) for h in _sequence(headers, "headers", "['op', 'bytes']")]
+    rows = [
+        _sequence(row, f"Row {k} of the table", "['all-gather', 1024]")
+        for k, row in enumerate(_sequence(rows, "rows", "[['all-gather', 1024]]"))
+    ]
+    for k, row in enumerate(rows):
+        if len(row) != len(headers):
+            raise DisplayError(
+                f"Row {k} of the table has {len(row)} cells but there are {len(headers)} "
+                "headers; give every row one cell per header."
+            )
+    title = validate.optional_text(title, "the title", example="'x'", error=DisplayError)
+    if note is not None:
+        note = validate.text(note, "the note", example="'x'", limit=2000, error=DisplayError)
+    cells = [[_cell(v) for v in row] for row in rows]
     numeric = [
-        all(isinstance(v, (int, float)) or v == "" for v in column) and any(column)
+        all(_is_number(v) or v == "" for v in column) and any(_is_number(v) for v in column)
         for column in zip(*rows, strict=True)
     ] or [False] * len(headers)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
@@ -135,7 +187,7 @@ def table(headers, rows, *, title: str | None = None, note: str | None = None) -
     for row, texts in zip(rows, cells, strict=True):
         tds = [
             f"<td class='num'>{html.escape(c)}</td>"
-            if isinstance(v, (int, float))
+            if _is_number(v)
             else f"<td>{html.escape(c)}</td>"
             for v, c in zip(row, texts, strict=True)
         ]
@@ -165,6 +217,11 @@ def error_html(message) -> str:
 
 def verdict_html(ok: bool, message: str, judged: bool = True) -> str:
     """An exercise checker's verdict: a mark, and its sentence."""
+    ok = validate.flag(ok, "ok", error=DisplayError)
+    judged = validate.flag(judged, "judged", error=DisplayError)
+    message = validate.text(
+        message, "the message", example="'x'", limit=4000, empty=True, error=DisplayError
+    )
     kind, mark = ("bk-pass", "✔") if ok else ("bk-fail", "✘")
     if not judged:
         kind, mark = "bk-unjudged", "?"
@@ -173,6 +230,12 @@ def verdict_html(ok: bool, message: str, judged: bool = True) -> str:
 
 def outputs_html(texts) -> str:
     """What several processes printed, side by side, long lines wrapped inside their column."""
+    texts = _sequence(texts, "texts", "['process 0 says', 'process 1 says']")
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise DisplayError(
+            "texts must be a list of what each process printed, one text each, not "
+            f"{validate.describe(texts)}."
+        )
     columns = "".join(
         f"<div class='bk-process'><div class='bk-process-title'>process {i}</div>"
         f"<pre>{html.escape(text.rstrip()) or '(no output)'}</pre></div>"
@@ -182,8 +245,21 @@ def outputs_html(texts) -> str:
     return styled(f"<div class='bk-processes' style='{grid}'>{columns}</div>")
 
 
+def _row(row, what: str = "a row") -> hlo.Collective:
+    if not isinstance(row, hlo.Collective):
+        raise DisplayError(
+            f"Pass {what} of book.hlo.collectives(compiled), not {validate.describe(row)}."
+        )
+    return row
+
+
+def _width(width) -> int:
+    return validate.whole(width, "width", low=20, high=10_000, example=88, error=DisplayError)
+
+
 def shape_text(row: hlo.Collective) -> str:
     """A row's shapes per device: ``[8, 32]``, ``4 × [1, 4, 8]`` or ``([8], [8, 32])``."""
+    _row(row)
     if len(row.shapes) == 1:
         return str(list(row.shapes[0]))
     if len(set(row.shapes)) == 1:
@@ -193,6 +269,8 @@ def shape_text(row: hlo.Collective) -> str:
 
 def groups_text(row: hlo.Collective, limit: int = 4) -> str:
     """The groups of a row in a few characters: ``{0,4} {1,5} … (4 groups of 2)``."""
+    _row(row)
+    limit = validate.whole(limit, "limit", high=10_000, example=4, error=DisplayError)
     if row.op == "collective-permute":
         pairs = [f"{a}→{b}" for a, b in row.groups]
         shown = ", ".join(pairs[: 2 * limit])
@@ -272,6 +350,11 @@ def hlo_graph(compiled, *, title: str | None = None) -> Diagram:
 
 def instruction_text(row: hlo.Instruction, width: int = 88) -> str:
     """One instruction on one line, each attribute that says where data lives indented below."""
+    if not isinstance(row, hlo.Instruction):
+        raise DisplayError(
+            f"Pass a row of book.hlo.instructions(compiled), not {validate.describe(row)}."
+        )
+    width = _width(width)
     root = "ROOT " if row.root else ""
     lines = [f"{root}%{row.name} = {row.type} {row.op}({', '.join(row.operands)})"]
     if row.fused:
@@ -291,9 +374,17 @@ def listing(compiled, *, ops=None, width: int = 88) -> str:
     operations it merges, and only the attributes of ``hlo.Instruction.details`` follow,
     indented. With ``ops``, only instructions doing one of them are listed.
     """
+    width = _width(width)
     rows = hlo.instructions(compiled)
     if ops is not None:
-        wanted = [ops] if isinstance(ops, str) else list(ops)
+        wanted = [ops] if isinstance(ops, str) else ops
+        if not isinstance(wanted, (list, tuple, set)) or not all(
+            isinstance(op, str) for op in wanted
+        ):
+            raise DisplayError(
+                f"ops must be an op or a list of ops, such as ['all-gather', 'dot'], not "
+                f"{validate.describe(ops)}."
+            )
         rows = [r for r in rows if any(r.does(op) for op in wanted)]
     return "\n".join(instruction_text(r, width) for r in rows)
 
@@ -303,6 +394,7 @@ def stablehlo_listing(lowered, *, width: int = 88) -> str:
 
     One argument per line with the sharding it carries, then one operation per line.
     """
+    width = _width(width)
     main = hlo.stablehlo_main(lowered)
     args = [f"    {a}," for a in main.arguments]
     if args:
@@ -820,12 +912,30 @@ def timeline(ops, kinds, *, title: str | None = None):
     """
     import matplotlib.pyplot as plt
 
-    ops = list(ops)
+    from book.trace import Op
+
+    ops = _sequence(ops, "ops", "trace.runs(program)[-1]")
     if not ops:
         raise DisplayError("There is nothing to draw: pass the ops of one run of a program.")
-    unknown = {kind for kind in kinds.values()} - set(TIMELINE_COLOURS)
+    if not all(isinstance(op, Op) for op in ops):
+        odd = next(op for op in ops if not isinstance(op, Op))
+        raise DisplayError(
+            f"ops must be book.trace.Op rows, as Trace.runs gives them, not "
+            f"{validate.describe(odd)}."
+        )
+    if not isinstance(kinds, dict) or not all(isinstance(k, str) for k in kinds):
+        raise DisplayError(
+            "kinds must be a dict from an instruction's name to its collective, such as "
+            f"{{'all-gather.1': 'all-gather'}}, not {validate.describe(kinds)}."
+        )
+    unknown = [k for k in kinds.values() if not isinstance(k, str) or k not in TIMELINE_COLOURS]
     if unknown:
-        raise DisplayError(f"{sorted(unknown)[0]!r} is not a kind of collective the book draws.")
+        odd = validate.describe(unknown[0])
+        raise DisplayError(
+            f"{odd} is not a kind of collective the book draws; use one of "
+            f"{', '.join(TIMELINE_COLOURS)}."
+        )
+    title = _title(title)
     devices = sorted({op.device for op in ops})
     origin = min(op.start for op in ops)
     fig, ax = plt.subplots(figsize=(9, 0.35 * len(devices) + 1.4))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from book import validate
+from book.errors import ReaderError
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
 
@@ -68,6 +69,10 @@ class Collective:
         return len(self.groups[0]) if self.groups else 0
 
 
+class HloError(ReaderError, ValueError):
+    """A program or text that cannot be read as what was asked for, in one sentence."""
+
+
 @dataclass
 class _Instruction:
     name: str
@@ -87,10 +92,22 @@ class _Module:
 
 
 def _text(compiled) -> str:
+    """The program's HLO text; a lowered program's StableHLO text is refused.
+
+    ``lowered.as_text()`` is StableHLO, written before the compiler partitions the program and
+    inserts its collectives, and in another language than HLO: read as HLO it would say "no
+    communication" of a program that communicates. HLO text is read as it is, a compiled
+    program's or, as chapter 8 does on purpose, a lowered one's (``as_text(dialect="hlo")``),
+    whose collectives are the ones the program writes out itself.
+    """
     validate.compiled(compiled)  # a function or a lowered program gets one sentence
-    if isinstance(compiled, str):
-        return compiled
-    return compiled.as_text()
+    text = compiled if isinstance(compiled, str) else compiled.as_text()
+    if text.lstrip().startswith("module") or "func.func " in text[:200_000]:
+        raise HloError(
+            "This is a lowered program's StableHLO, written before the compiler partitions it "
+            "and inserts its collectives; pass f.lower(*args).compile() or its .as_text()."
+        )
+    return text
 
 
 def _close(text: str, start: int) -> int:
@@ -163,7 +180,7 @@ def _parse(text: str) -> _Module:
             )
         )
     if not computations:
-        raise ValueError("No HLO computations found: pass a compiled program or its .as_text().")
+        raise HloError("No HLO computations found: pass a compiled program or its .as_text().")
     return _Module(computations, entry or list(computations)[-1], num_devices)
 
 
@@ -185,7 +202,7 @@ def _bits(elem: str) -> int:
         return int(elem[1:])
     m = re.match(r"(?:bf|[suf])(\d+)", elem)
     if m is None:
-        raise ValueError(f"Unknown HLO element type {elem!r}.")
+        raise HloError(f"Unknown HLO element type {validate.describe(elem)}.")
     return int(m.group(1))
 
 
@@ -245,7 +262,9 @@ def _mesh_groups(axes_text: str, ids_text: str | None, selected_text: str) -> li
     for item in _split_top(selected_text):
         m = re.fullmatch(r"'?\"?([^'\":]+)'?\"?(?::\((\d+)\)(\d+))?", item.strip())
         if m is None or m.group(1) not in names:
-            raise ValueError(f"Cannot read the mesh axis {item!r} in replica groups.")
+            raise HloError(
+                f"Cannot read the mesh axis {validate.describe(item)} in replica groups."
+            )
         sub = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
         selected.append((names.index(m.group(1)), sub))
     reshape: list[int] = []
@@ -284,6 +303,19 @@ _IOTA_GROUPS = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 
 
 def _groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
+    """A collective's device groups, in any of XLA's notations; text edited by hand that no
+    notation reads (sizes that do not multiply, say) is refused, not half read."""
+    try:
+        return _read_groups(attrs, num_devices)
+    except HloError:
+        raise
+    except (ValueError, IndexError, KeyError):
+        raise HloError(
+            f"Cannot read replica groups from {validate.describe(attrs[:80], 80)}."
+        ) from None
+
+
+def _read_groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
     pairs = re.search(r"source_target_pairs=", attrs)
     if pairs:
         block = attrs[pairs.end() : _close(attrs, pairs.end())]
@@ -306,7 +338,7 @@ def _groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
     maximal = _MAXIMAL_MESH.match(rest)
     if maximal:
         return ((int(maximal.group(1)),),)
-    raise ValueError(f"Cannot read replica groups from {rest[:80]!r}.")
+    raise HloError(f"Cannot read replica groups from {validate.describe(rest[:80], 80)}.")
 
 
 def _base_op(op: str) -> str | None:
@@ -591,9 +623,42 @@ class StableMain:
     operations: tuple[str, ...]
 
 
+def _stablehlo_text(lowered) -> str:
+    """A lowered program's StableHLO text; anything else refused in one sentence."""
+    import jax
+
+    if isinstance(lowered, jax.stages.Compiled):
+        raise validate.WrongKind(
+            "This is a compiled program, whose text is HLO after partitioning; pass the lowered "
+            "one, f.lower(*args), to read the shardings the program asks for."
+        )
+    if isinstance(lowered, jax.stages.Lowered):
+        return lowered.as_text()
+    if not isinstance(lowered, str):
+        hint = ", not the function itself" if callable(lowered) else ""
+        raise validate.WrongKind(
+            f"Pass a lowered program, f.lower(*args){hint}, not {validate.describe(lowered)}."
+        )
+    if "func.func public @main(" not in lowered:
+        raise HloError(
+            "This text holds no StableHLO main function; pass f.lower(*args) or its .as_text()."
+        )
+    return lowered
+
+
 def stablehlo_main(lowered) -> StableMain:
     """Read the ``main`` function of ``jax.jit(f).lower(...)`` or of its ``.as_text()``."""
-    text = lowered if isinstance(lowered, str) else lowered.as_text()
+    text = _stablehlo_text(lowered)
+    try:
+        return _stablehlo_main(text)
+    except (ValueError, IndexError):  # text cut short or edited by hand
+        raise HloError(
+            "The main function of this text cannot be read; pass f.lower(*args) or its "
+            ".as_text() unchanged."
+        ) from None
+
+
+def _stablehlo_main(text: str) -> StableMain:
     start = text.index("func.func public @main(")
     open_at = text.index("(", start)
     close_at = _close(text, open_at)
