@@ -115,6 +115,12 @@ RESULTS = {
         "4 layouts compiled and planned: every check holds",
         "5 pipelines compiled and planned: every check holds",
     ],
+    "19_a_training_run": [
+        "1 collective, in the entry computation",
+        "the losses up to step",
+        "each read once, at the same step as in the reference",
+        "the traced step moves 1 activation per layer to host memory",
+    ],
 }
 
 # Errors the chapters provoke on purpose, caught and explained on the page.
@@ -131,6 +137,8 @@ CAUGHT = {
         "does not split evenly over dp x fsdp x microbatches",
         "choose kv_heads that divides heads",
     ],
+    # train.py refusing a layout and a mesh it cannot run, in one sentence each
+    "19_a_training_run": ["argument --layout: invalid choice", "must give each axis of DP"],
 }
 
 COLLECTIVE_TITLES = [
@@ -174,6 +182,8 @@ TABLES = {
         "microbatches: bytes per device",
         "quoted, then calculated",
     ],
+    # the step's collectives, the traced step device by device, the interrupted run's attempts
+    "19_a_training_run": [("<table class='bk-table'>", 3), "<td>all-reduce</td>"],
 }
 
 
@@ -221,6 +231,7 @@ PLOTS = {
     "13_transformer_3d": 3,  # memory against depth, bytes against size, the loss curve
     "17_profiling": 1,  # the timeline of one traced step, device by device
     "18_planning_a_real_run": 1,  # a step's bound against the number of chips
+    "19_a_training_run": 2,  # the traced step's timeline, the two runs' losses
 }
 
 

@@ -30,6 +30,7 @@ WITH_MATH = (
     "15_experts_and_long_sequences",
     "17_profiling",
     "18_planning_a_real_run",
+    "19_a_training_run",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
 

@@ -8,6 +8,7 @@ service is on (it would swallow a scheduler's SIGTERM).
 """
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -48,3 +49,44 @@ def test_a_dead_peer_that_is_not_the_coordinator_stops_the_others_by_heartbeat(t
     # train.py's os._exit(1): either way by itself, soon, and as a failure.
     assert exits[1] == -signal.SIGKILL and exits[0] in (-signal.SIGABRT, 1)
     assert job.ended[0] - killed < HEARTBEAT + 10
+
+
+def test_plain_accumulation_reduces_the_gradients_in_every_microbatch():
+    """What chapter 19 says of chapter 16's accumulation, on chapter 13's model in bfloat16:
+    summed in a scan carry, the gradients are all-reduced inside the loops, not once after."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import book.hlo
+    from book.lessons.transformer import PARAM_AXES, RULES, Config, Layout, forward, init_params
+
+    cfg = Config()
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
+    layout = Layout(mesh, RULES["DP"])
+
+    def loss_fn(params, tokens):
+        low = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+        logits = forward(low, tokens[:, :-1], cfg, layout).astype(jnp.float32)
+        log_probs = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(log_probs, tokens[:, 1:, None], axis=-1))
+
+    def accumulate(params, tokens):
+        def add(total, microbatch):
+            return jax.tree.map(jnp.add, total, jax.grad(loss_fn)(params, microbatch)), None
+
+        return jax.lax.scan(add, jax.tree.map(jnp.zeros_like, params), tokens)[0]
+
+    shardings = jax.tree.map(layout.sharding, PARAM_AXES, is_leaf=lambda x: isinstance(x, tuple))
+    params = jax.tree.map(
+        lambda p, s: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=s),
+        init_params(cfg),
+        shardings,
+    )
+    by_rows = NamedSharding(mesh, P(None, "data"))
+    tokens = jax.ShapeDtypeStruct((4, 8, 17), jnp.int32, sharding=by_rows)  # 4 microbatches
+    text = jax.jit(accumulate, out_shardings=shardings).lower(params, tokens).compile().as_text()
+    entry = re.search(r"^ENTRY %?(\S+)", text, re.M).group(1)
+    reductions = [r for r in book.hlo.collectives(text) if r.op == "all-reduce"]
+    assert reductions and all(r.computation != entry for r in reductions)
