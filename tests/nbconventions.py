@@ -54,11 +54,23 @@ def _make_mesh_calls(src: str):
                 break
 
 
+# MyST syntax that Jupyter, Colab and Kaggle show as raw text in a notebook's markdown: a
+# directive (":::{dropdown}", "```{note}"), a role ("{term}`mesh`") or a target "(label)=".
+# Chapters fold with HTML <details> instead, which every one of them renders.
+MYST_ONLY = re.compile(r"^\s*(?::{3,}|`{3,})\s*\{[\w-]+\}|\{[\w-]+\}`|^\(\S+\)=\s*$", re.M)
+
+
 def check_notebook(path: Path) -> list[str]:
     nb = json.loads(path.read_text())
     cells = nb["cells"]
     code = [(i, c) for i, c in enumerate(cells) if c["cell_type"] == "code"]
     found = []
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown" and (raw := MYST_ONLY.search(source(cell))):
+            found.append(
+                f"{path.name}: cell {i}: {raw.group(0).strip()!r} shows as raw text in Jupyter: "
+                "fold with <details> and write plain Markdown"
+            )
     for i, cell in code:
         src = source(cell)
         if cell.get("outputs") or cell.get("execution_count") is not None:

@@ -81,3 +81,31 @@ def test_outputs_missing_setup_and_sections_are_caught(tmp_path):
 def test_repository_is_read_from_the_config():
     url, branch = nbconventions.repository()
     assert url.startswith("https://github.com/") and branch == "main"
+
+
+@pytest.mark.parametrize(
+    "markdown",
+    [
+        ":::{dropdown} Solution\nx = 1\n:::",
+        "```{note}\nA note.\n```",
+        "See {term}`mesh`.",
+        "(sec-meshes)=\n## Meshes",
+    ],
+)
+def test_myst_that_notebooks_show_raw_is_caught(tmp_path, markdown):
+    path = write(
+        tmp_path,
+        "01_x.ipynb",
+        [good_setup()],
+        markdown=f"# T\n\n{markdown}\n\n## Summary\n\n## Exercises",
+    )
+    found = check_notebook(path)
+    assert len(found) == 1 and "raw text in Jupyter" in found[0]
+
+
+def test_details_and_plain_fences_pass(tmp_path):
+    markdown = (
+        "# T\n\n<details>\n<summary>Solution</summary>\n\n```python\nx = {1: 2}\n```\n\n"
+        "</details>\n\nA set {a} and `f(x)`.\n\n## Summary\n\n## Exercises"
+    )
+    assert check_notebook(write(tmp_path, "01_x.ipynb", [good_setup()], markdown=markdown)) == []
