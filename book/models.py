@@ -4,10 +4,17 @@ Two dense layers with a ReLU between them and a softmax cross-entropy loss: smal
 train in seconds on mock CPU devices, yet with the two matrix multiplies that data, fully
 sharded and tensor parallelism split in different ways. Nothing here is parallel: the chapters
 write the parallel versions out, and check them against ``reference_step``.
+
+What a reader passes is checked by shape and dtype only (``_params``, ``_array``), so the
+checks hold inside ``jit``, ``grad`` and ``shard_map`` too, where the values are traced: a
+parameter dict without ``w2``, labels that are floats or a batch whose features do not match
+``w1`` get one sentence instead of an error from deep inside JAX, and a learning rate of
+``nan`` is refused rather than turning every parameter into ``nan``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
@@ -17,17 +24,97 @@ import numpy as np
 from book import validate
 
 _TEACHER = 7  # the teacher's own random stream, apart from every seed's inputs
+_MAX_NUMBERS = 2**26  # numbers one call may draw: 256 MiB of float32
+_PARAMS = {"w1": 2, "b1": 1, "w2": 2, "b2": 1}  # each parameter's rank
 
 
 def _generator(seed) -> np.random.Generator:
-    """NumPy's generator for an integer seed, or for the bits of a ``jax.random`` key."""
+    """NumPy's generator for an integer seed, or for the bits of a ``jax.random`` key.
+
+    A 0-d array of an integer (``jnp.int32(3)``) is the integer it holds.
+    """
+    seed = validate.scalar(seed)
     if isinstance(seed, (int, np.integer, bool, np.bool_)):
-        return np.random.default_rng(validate.whole(seed, "seed", low=0, example=0))
-    if not isinstance(seed, jax.Array):
-        raise validate.WrongKind(
-            f"seed must be a whole number or a jax.random key, not {validate.describe(seed)}."
+        return np.random.default_rng(validate.whole(seed, "seed", low=0, high=2**63 - 1, example=0))
+    if isinstance(seed, jax.Array) and not isinstance(seed, jax.core.Tracer):
+        typed = jnp.issubdtype(seed.dtype, jax.dtypes.prng_key)
+        if typed or (seed.dtype == jnp.uint32 and seed.ndim == 1):
+            return np.random.default_rng(np.asarray(jax.random.key_data(seed)).ravel().tolist())
+    raise validate.WrongKind(
+        f"seed must be a whole number or a jax.random key such as jax.random.key(0), not "
+        f"{validate.describe(seed)}."
+    )
+
+
+def _dtype(dtype):
+    """A floating dtype for parameters or inputs, such as ``np.float32`` or ``jnp.bfloat16``."""
+    try:
+        floating = jnp.issubdtype(dtype, jnp.floating)
+    except Exception:  # noqa: BLE001 - not a dtype at all
+        floating = False
+    if not floating:
+        raise validate.BadValue(
+            f"dtype must be a floating type such as np.float32, not {validate.describe(dtype)}."
         )
-    return np.random.default_rng(np.asarray(jax.random.key_data(seed)).ravel().tolist())
+    return dtype
+
+
+def _array(value, name: str, ndim: int, *, integer: bool = False):
+    """An array (concrete or traced) of ``ndim`` dimensions holding numbers of the right kind."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if not isinstance(shape, tuple) or dtype is None:
+        raise validate.WrongKind(
+            f"{name} must be an array, such as jnp.asarray(...) gives, not "
+            f"{validate.describe(value)}."
+        )
+    if len(shape) != ndim:
+        raise validate.BadValue(f"{name} must have {ndim} dimension(s), not shape {shape}.")
+    kind = jnp.integer if integer else jnp.number
+    if jnp.issubdtype(dtype, jnp.bool_) or not jnp.issubdtype(dtype, kind):
+        wanted = "whole numbers (an integer dtype)" if integer else "numbers"
+        raise validate.BadValue(f"{name} must hold {wanted}, not {dtype}.")
+    return value
+
+
+def _params(params) -> Mapping:
+    """The four parameters ``init`` makes, with shapes that fit each other."""
+    if not isinstance(params, Mapping) or set(_PARAMS) - set(params):
+        raise validate.WrongKind(
+            "params must be a dict with w1, b1, w2 and b2, as book.models.init makes, not "
+            f"{validate.describe(params)}."
+        )
+    for name, ndim in _PARAMS.items():
+        _array(params[name], f"params[{name!r}]", ndim)
+    h, (h2, c) = params["w1"].shape[1], params["w2"].shape
+    if params["b1"].shape != (h,) or h2 != h or params["b2"].shape != (c,):
+        shapes = ", ".join(f"{k} {params[k].shape}" for k in _PARAMS)
+        raise validate.BadValue(
+            f"The parameters do not fit each other ({shapes}); w1 (f, h), b1 (h,), w2 (h, c) "
+            "and b2 (c,), as book.models.init makes them."
+        )
+    return params
+
+
+def _inputs(params, x):
+    _params(params)
+    _array(x, "x", 2)
+    features = params["w1"].shape[0]
+    if x.shape[1] != features:
+        raise validate.BadValue(
+            f"x has {x.shape[1]} features per example but w1 takes {features}; pass a batch "
+            f"of shape (batch, {features})."
+        )
+
+
+def _learning_rate(value):
+    """A finite number, or a traced or 0-d array one (a schedule's output inside jit)."""
+    if isinstance(value, jax.core.Tracer) or (
+        isinstance(value, jax.Array) and value.shape == () and value.dtype.kind == "f"
+    ):
+        return value
+    return validate.number(
+        value, "learning_rate", low=-np.inf, wanted="a number such as 0.1", error=validate.BadValue
+    )
 
 
 class Sizes(NamedTuple):
@@ -47,6 +134,15 @@ def init(seed, features: int, hidden: int, classes: int, dtype=np.float32) -> di
     generator: on mock CPU devices every eager JAX operation is compiled first, and drawing with
     NumPy keeps making a problem instant. ``seed`` is an integer or a ``jax.random`` key.
     """
+    features = validate.whole(features, "features", high=2**16, example=16)
+    hidden = validate.whole(hidden, "hidden", high=2**16, example=32)
+    classes = validate.whole(classes, "classes", high=2**16, example=4)
+    if features * hidden + hidden * classes > _MAX_NUMBERS:
+        raise validate.BadValue(
+            f"Weights of {features:,} x {hidden:,} and {hidden:,} x {classes:,} would take more "
+            "than 256 MiB; use fewer."
+        )
+    dtype = _dtype(dtype)
     rng = _generator(seed)
     w1 = rng.standard_normal((features, hidden)) / np.sqrt(features)
     w2 = rng.standard_normal((hidden, classes)) / np.sqrt(hidden)
@@ -61,6 +157,7 @@ def init(seed, features: int, hidden: int, classes: int, dtype=np.float32) -> di
 
 def forward(params: dict, x):
     """Logits of shape ``(batch, classes)``: ``relu(x @ w1 + b1) @ w2 + b2``."""
+    _inputs(params, x)
     h = jax.nn.relu(x @ params["w1"] + params["b1"])
     return h @ params["w2"] + params["b2"]
 
@@ -69,8 +166,23 @@ def cross_entropy(logits, labels):
     """Mean softmax cross-entropy of integer ``labels`` under ``logits``.
 
     Split out of ``loss`` so a parallel version that computes the logits its own way can still
-    score them the same way.
+    score them the same way. Labels out of range are refused where they are known (outside
+    ``jit``): ``take_along_axis`` would quietly read past the end of a row.
     """
+    _array(logits, "logits", 2)
+    _array(labels, "labels", 1, integer=True)
+    if labels.shape[0] != logits.shape[0]:
+        raise validate.BadValue(
+            f"There are {labels.shape[0]} labels for {logits.shape[0]} rows of logits; give one "
+            "label per example."
+        )
+    if not isinstance(labels, jax.core.Tracer) and labels.size:
+        low, high = int(np.min(np.asarray(labels))), int(np.max(np.asarray(labels)))
+        if low < 0 or high >= logits.shape[1]:
+            raise validate.BadValue(
+                f"labels run from {low} to {high}, but there are {logits.shape[1]} classes; "
+                f"use labels from 0 to {logits.shape[1] - 1}."
+            )
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(log_probs, labels[:, None], axis=-1)
     return -jnp.mean(picked)
@@ -83,6 +195,12 @@ def loss(params: dict, x, labels):
 
 def sgd(params: dict, grads: dict, learning_rate: float) -> dict:
     """Plain SGD: ``p - learning_rate * g`` for every parameter."""
+    learning_rate = _learning_rate(learning_rate)
+    if jax.tree.structure(params) != jax.tree.structure(grads):
+        raise validate.BadValue(
+            "grads must have the structure of params (the same names, one gradient for each "
+            "parameter), as jax.grad gives them."
+        )
     return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
 
@@ -92,6 +210,8 @@ def reference_step(params: dict, x, labels, learning_rate: float = 0.1):
     The gradients are returned too, because the chapters check parallel gradients against them
     before any update blurs a difference.
     """
+    _inputs(params, x)
+    learning_rate = _learning_rate(learning_rate)
     value, grads = jax.value_and_grad(loss)(params, x, labels)
     return sgd(params, grads, learning_rate), value, grads
 
@@ -103,6 +223,7 @@ def synthetic_data(seed, n: int, features: int, classes: int, dtype=np.float32):
     well below ``log(classes)``, which makes a loss curve worth drawing. The teacher depends on
     ``features`` and ``classes`` only, not on ``seed``, so every seed draws from the same task.
     """
+    dtype = _dtype(dtype)
     n = validate.whole(n, "n", high=2**24, example=1024)
     features = validate.whole(features, "features", high=2**16, example=16)
     classes = validate.whole(classes, "classes", high=2**16, example=4)
@@ -120,11 +241,24 @@ def synthetic_data(seed, n: int, features: int, classes: int, dtype=np.float32):
 
 def param_shapes(sizes: Sizes) -> dict:
     """The shape of each parameter ``init`` makes, for programs compiled without any data."""
-    f, h, c = sizes.features, sizes.hidden, sizes.classes
+    f, h, c = _sizes(sizes)
     return {"w1": (f, h), "b1": (h,), "w2": (h, c), "b2": (c,)}
 
 
 def param_count(sizes: Sizes) -> int:
     """How many numbers the model has: both weight matrices and both biases."""
-    f, h, c = sizes.features, sizes.hidden, sizes.classes
+    f, h, c = _sizes(sizes)
     return f * h + h + h * c + c
+
+
+def _sizes(sizes) -> tuple[int, int, int]:
+    """The features, hidden units and classes of a ``Sizes``."""
+    if not isinstance(sizes, Sizes):
+        raise validate.WrongKind(
+            "Pass a book.models.Sizes, such as Sizes(batch=64, features=16, hidden=32, "
+            f"classes=4), not {validate.describe(sizes)}."
+        )
+    return tuple(
+        validate.whole(getattr(sizes, k), f"sizes.{k}", high=2**40, error=validate.BadValue)
+        for k in ("features", "hidden", "classes")
+    )

@@ -8,6 +8,7 @@ which one slow run (another process, a page fault) cannot move.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import time
@@ -34,12 +35,27 @@ class Timing:
 
 
 def format_seconds(seconds: float) -> str:
-    """A duration in the unit that keeps it readable: ``"412 µs"``, ``"3.1 ms"``, ``"2.05 s"``."""
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.3g} µs"
-    if seconds < 1:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds:.3g} s"
+    """A duration in the unit that keeps it readable: ``"412 µs"``, ``"3.1 ms"``, ``"2.05 s"``.
+
+    Any real number is shown as what it is: a negative one (a difference of two times) in the
+    unit of its size, ``nan`` and infinities as ``nan s`` and ``inf s``, so a wrong time is
+    seen, not hidden in a unit; anything else is refused.
+    """
+    value = validate.scalar(seconds)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise validate.BadValue(
+            f"seconds must be a number of seconds such as 0.25, not {validate.describe(seconds)}."
+        )
+    try:
+        value = float(value)
+    except OverflowError:
+        value = float("inf") if value > 0 else float("-inf")
+    size = abs(value)
+    if not math.isfinite(value) or size >= 1:
+        return f"{value:.3g} s"
+    if size < 1e-3:
+        return f"{value * 1e6:.3g} µs"
+    return f"{value * 1e3:.3g} ms"
 
 
 def _block(result):
