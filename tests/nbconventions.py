@@ -54,6 +54,10 @@ def _make_mesh_calls(src: str):
                 break
 
 
+# The page shows the lesson: proofs of the book fold (these tags) or live in tests/.
+MAX_WORDS, MAX_VISIBLE_CODE = 4000, 450
+FOLDED = {"hide-input", "remove-input", "hide-cell", "remove-cell"}
+
 # MyST syntax that Jupyter, Colab and Kaggle show as raw text in a notebook's markdown: a
 # directive (":::{dropdown}", "```{note}"), a role ("{term}`mesh`") or a target "(label)=".
 # Chapters fold with HTML <details> instead, which every one of them renders.
@@ -110,7 +114,27 @@ def _check_chapter(path, cells, code) -> list[str]:
     for heading in ("Summary", "Exercises"):
         if not re.search(rf"^#+\s*{heading}", markdown, re.M):
             found.append(f"{path.name}: no {heading} section")
+    words, visible = page_size(cells)
+    if words > MAX_WORDS:
+        found.append(f"{path.name}: {words:,} words of prose (at most {MAX_WORDS:,}): cut or fold")
+    if visible > MAX_VISIBLE_CODE:
+        found.append(
+            f"{path.name}: {visible} lines of visible code (at most {MAX_VISIBLE_CODE}): move "
+            "proofs of the book to tests/ or fold them (hide-input)"
+        )
     return found
+
+
+def page_size(cells) -> tuple[int, int]:
+    """Words of prose (fenced code left out) and lines of code the page shows unfolded."""
+    markdown = "\n".join(source(c) for c in cells if c["cell_type"] == "markdown")
+    words = len(re.sub(r"```.*?```", "", markdown, flags=re.S).split())
+    visible = sum(
+        len(source(c).splitlines())
+        for c in cells
+        if c["cell_type"] == "code" and not FOLDED & set(c.get("metadata", {}).get("tags", []))
+    )
+    return words, visible
 
 
 def check_folder(folder: Path) -> list[str]:

@@ -109,3 +109,15 @@ def test_details_and_plain_fences_pass(tmp_path):
         "</details>\n\nA set {a} and `f(x)`.\n\n## Summary\n\n## Exercises"
     )
     assert check_notebook(write(tmp_path, "01_x.ipynb", [good_setup()], markdown=markdown)) == []
+
+
+def test_pages_over_their_limits_are_caught(tmp_path):
+    long_prose = "# T\n\n" + "word " * 4001 + "\n\n## Summary\n\n## Exercises"
+    path = write(tmp_path, "01_x.ipynb", [good_setup(), "x = 1\n" * 451], markdown=long_prose)
+    found = "\n".join(check_notebook(path))
+    assert "4,00" in found and "words of prose" in found
+    assert "lines of visible code" in found
+    nb = json.loads(path.read_text())
+    nb["cells"][2]["metadata"]["tags"] = ["hide-input"]  # folded proofs do not count
+    path.write_text(json.dumps(nb))
+    assert "visible code" not in "\n".join(check_notebook(path))
