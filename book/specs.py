@@ -226,6 +226,8 @@ def _axis_sizes(mesh) -> dict[str, int]:
         )
     if len(mesh) > validate.MAX_AXES:
         raise SpecError(f"The mesh has {len(mesh)} axes; use at most {validate.MAX_AXES}.")
+    if not mesh:
+        raise SpecError("The mesh has no axes; give it at least one, such as {'data': 8}.")
     return {
         validate.name(k, "Each mesh axis", error=SpecError): validate.whole(
             v, f"The size of mesh axis {k!r}", error=SpecError
@@ -254,13 +256,37 @@ def _spec(spec) -> P:
 
 
 def spec_text(spec: P) -> str:
-    """A partition spec as a reader writes it: ``P('data', None)``."""
-    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+    """A partition spec (or a tuple of its entries) as a reader writes it: ``P('data', None)``.
+
+    Only a formatter: an entry that is no axis name is shown as ``describe`` shows it, so a
+    message quoting a reader's odd spec never fails itself.
+    """
+    if not isinstance(spec, (P, tuple)):
+        raise SpecError(
+            f"The spec must be a PartitionSpec such as P('data', None), not "
+            f"{validate.describe(spec)}."
+        )
+
+    def entry(e):
+        if e is None or isinstance(e, str):
+            return repr(e)
+        if isinstance(e, tuple) and all(isinstance(n, str) for n in e):
+            return repr(e)
+        return validate.describe(e)
+
+    return "P(" + ", ".join(entry(e) for e in spec) + ")"
 
 
 def names_text(names: Sequence[str]) -> str:
-    """Axis names in a sentence: ``'data'``, ``'data' and 'model'``."""
-    quoted = [repr(n) for n in names]
+    """Axis names in a sentence: ``'data'``, ``'data' and 'model'``; ``no axes`` for none."""
+    if isinstance(names, str) or not isinstance(names, (tuple, list)):
+        raise SpecError(
+            f"The axis names must be a tuple of names such as ('data', 'model'), not "
+            f"{validate.describe(names)}."
+        )
+    quoted = [validate.describe(n) for n in names]
+    if not quoted:
+        return "no axes"
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
@@ -276,6 +302,11 @@ def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_coun
             f"{validate.describe(axis_names)}."
         )
     axis_names = [validate.name(n, "Each axis name", error=SpecError) for n in axis_names]
+    for name in axis_names:
+        if axis_names.count(name) > 1:
+            raise SpecError(
+                f"The axis name {name!r} appears twice; give each mesh axis its own name."
+            )
     device_count = validate.whole(
         device_count, "The device count", high=validate.MAX_DEVICES, error=SpecError
     )
