@@ -196,11 +196,21 @@ def loss(params: dict, x, labels):
 def sgd(params: dict, grads: dict, learning_rate: float) -> dict:
     """Plain SGD: ``p - learning_rate * g`` for every parameter."""
     learning_rate = _learning_rate(learning_rate)
-    if jax.tree.structure(params) != jax.tree.structure(grads):
+    try:  # a container that holds itself has no structure: JAX recurses into it for ever
+        same = jax.tree.structure(params) == jax.tree.structure(grads)
+        leaves = jax.tree.leaves((params, grads))
+    except Exception:  # noqa: BLE001 - RecursionError, or JAX's SystemError around it
+        same, leaves = False, []
+    if not same:
         raise validate.BadValue(
             "grads must have the structure of params (the same names, one gradient for each "
             "parameter), as jax.grad gives them."
         )
+    for leaf in leaves:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            raise validate.WrongKind(
+                f"params and grads must hold arrays, not {validate.describe(leaf)}."
+            )
     return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
 

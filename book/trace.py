@@ -266,9 +266,8 @@ def read(path) -> Trace:
         if path.is_dir():
             path = trace_file(path)
         if not path.is_file():
-            raise TraceError(
-                f"{_shown(path)} does not exist: pass a trace file or a profile folder."
-            )
+            what = "is not a regular file" if path.exists() else "does not exist"
+            raise TraceError(f"{_shown(path)} {what}: pass a trace file or a profile folder.")
     except OSError as err:
         raise TraceError(f"{_shown(path)} cannot be read ({err.strerror}).") from None
     events = _load(path)
