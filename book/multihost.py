@@ -587,17 +587,20 @@ class Job:
         """Each worker's exit status so far (negative: the signal that ended it; None: running)."""
         return [proc.poll() for proc in self.procs]
 
-    def signal(self, sig, process: int | None = None) -> None:
+    def signal(self, sig, process: int | None = None) -> str:
         """Send signal ``sig`` to one worker, or to every worker (``process=None``).
 
         It goes to the worker's Python process, the one running the script, as a scheduler
-        sends it to each task of a job.
+        sends it to each task of a job. Returns what was done, as a ``kill`` command line.
         """
         sig = signal.Signals(sig)
         targets = range(len(self.procs)) if process is None else [self._index(process)]
+        sent = []
         for i in targets:
             if self.procs[i].poll() is None:
                 _signal(self.procs[i].pid, sig)
+                sent.append(str(self.procs[i].pid))
+        return f"kill -{sig.name.removeprefix('SIG')} {' '.join(sent)}".rstrip()
 
     def wait_for(self, pattern: str, process: int = 0) -> re.Match:
         """Wait until worker ``process`` prints a line matching ``pattern``; return the match.

@@ -1,0 +1,234 @@
+"""A running job of several JAX processes, under Slurm or as local processes: one handle.
+
+Chapter 19 does to a training job what a cluster does to it: it watches the lines the
+processes print, sends SIGTERM to all of them as a scheduler does before it takes the machines
+back, kills one with SIGKILL, and waits for the job's end. ``book.multihost.start`` gives such a
+handle for local processes; ``submit`` gives the same handle for a batch job on a Slurm cluster
+(the local one of ``make cluster``, whose nodes share this machine): SIGTERM to every task is
+``scancel --signal=TERM``, and a single task is found by its process on this machine. The
+``sbatch`` and ``scancel`` commands are the lesson, so ``submit`` and ``signal`` return the
+command they ran, for the page to show.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import time
+from pathlib import Path
+
+from book import slurm, validate
+from book.multihost import Outputs, WorkerError, tail
+
+_POLL_SECONDS = 0.1
+# How srun reports a task that ended badly, in the batch job's output.
+_TASK_END = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-\d+)?: (.*)$", re.M)
+_SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Terminated": signal.SIGTERM}
+
+
+class SlurmJob:
+    """A batch job that ``submit`` queued: its tasks' lines, signals, and its end.
+
+    It mirrors ``book.multihost.Job``: ``started`` and ``ended`` (task index: seconds after the
+    submission when its process was gone) on the clock of ``time.monotonic``.
+    """
+
+    def __init__(self, job_id: int, script: str, num_tasks: int, output: Path, timeout: float):
+        self.id, self.script, self.num_tasks, self.output_file = job_id, script, num_tasks, output
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        self.ended: dict[int, float] = {}
+        self._pids: dict[int, int] = {}
+        self.facts: dict[str, str] = {}
+
+    def __enter__(self) -> SlurmJob:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.facts:
+            slurm.cancel(self.id)
+
+    def text(self) -> str:
+        try:
+            return self.output_file.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def errors(self, process: int) -> str:
+        """What task ``process`` wrote to stderr, where the batch script gave each task a file
+        ``<anything>-<job id>-<task>.err`` beside the job's output (``srun --error``)."""
+        found = sorted(self.output_file.parent.glob(f"*-{self.id}-{process}.err"))
+        try:
+            return found[0].read_text(errors="replace") if found else ""
+        except OSError:
+            return ""
+
+    def _log(self, process: int) -> str:
+        """For a message: the task's errors, or the job's output when it wrote none."""
+        return tail(self.errors(process) or self.text())
+
+    def outputs(self) -> Outputs:
+        """What each task has printed so far (``srun --label``'s lines, split by task)."""
+        return slurm.tasks(self.text(), self.num_tasks, self.script)
+
+    def output(self, process: int) -> str:
+        return self.outputs()[process]
+
+    def signal(self, sig, process: int | None = None) -> str:
+        """SIGTERM (or any signal) to every task with ``scancel``, or one task's process.
+
+        Returns what was done, as a command line or in words.
+        """
+        sig = signal.Signals(sig)
+        if process is None:
+            command = ["scancel", f"--signal={sig.name.removeprefix('SIG')}", str(self.id)]
+            slurm.run(command)
+            return shlex.join(command)
+        pid = self._pid(process)
+        os.kill(pid, sig)
+        return f"kill -{sig.name.removeprefix('SIG')} {pid}  # task {process}'s process"
+
+    def wait_for(self, pattern: str, process: int = 0) -> re.Match:
+        """Wait until task ``process`` prints a line matching ``pattern``; return the match."""
+        regex = re.compile(pattern, re.M)
+        while True:
+            found = regex.search(self.output(process))
+            if found:
+                return found
+            if self._over():
+                raise WorkerError(
+                    f"Job {self.id} ended before task {process} printed a line matching "
+                    f"{pattern!r}; read why at the end of its log:\n{self._log(process)}",
+                    process,
+                    self.outputs(),
+                )
+            self._check_time()
+            time.sleep(_POLL_SECONDS)
+
+    def wait(self) -> Outputs:
+        """Wait for the job's end; return what each task printed, or raise if it failed."""
+        codes = self.wait_for_exits()
+        if self.facts.get("JobState") != "COMPLETED" or any(codes):
+            failed = next((i for i, code in enumerate(codes) if code), 0)
+            raise WorkerError(
+                f"Job {self.id} ended {self.facts.get('JobState', '')} (exit statuses "
+                f"{codes}); fix the error at the end of task {failed}'s log:\n"
+                f"{self._log(failed)}",
+                failed,
+                self.outputs(),
+                exit_code=codes[failed],
+            )
+        return self.outputs()
+
+    def wait_for_exits(self) -> list[int]:
+        """Wait until the job is over; each task's exit status, as ``Popen`` gives one.
+
+        A task srun reports killed by a signal gets minus that signal, one that exited with an
+        error its exit code, and the others 0.
+        """
+        while not self._over():
+            self._check_time()
+            time.sleep(_POLL_SECONDS)
+        codes = [0] * self.num_tasks
+        for task, how in _TASK_END.findall(self.text()):
+            if int(task) < self.num_tasks:
+                exited = re.search(r"[Ee]xit code (\d+)", how)
+                word = how.split()[0] if how.split() else ""
+                if exited:
+                    codes[int(task)] = int(exited.group(1))
+                elif word in _SIGNALS:
+                    codes[int(task)] = -_SIGNALS[word]
+        return codes
+
+    def _over(self) -> bool:
+        self._watch()
+        facts = slurm.job(self.id)
+        if facts.get("JobState") in slurm.ENDED:
+            self.facts = facts
+            now = time.monotonic() - self.started
+            for task in range(self.num_tasks):
+                self.ended.setdefault(task, now)
+            return True
+        return False
+
+    def _watch(self) -> None:
+        """Note each task's process, and when it is gone."""
+        found = _task_pids(self.id, self.script)
+        now = time.monotonic() - self.started
+        for task, pid in found.items():
+            self._pids.setdefault(task, pid)
+        for task, pid in self._pids.items():
+            if task not in self.ended and not Path(f"/proc/{pid}").exists():
+                self.ended[task] = now
+
+    def _pid(self, process: int) -> int:
+        process = validate.whole(process, "process", low=0, high=self.num_tasks - 1, example=0)
+        while process not in self._pids:
+            self._watch()
+            if self._over():
+                raise WorkerError(
+                    f"Job {self.id} ended before task {process} started; read why at the end "
+                    f"of its log:\n{self._log(process)}",
+                    process,
+                    self.outputs(),
+                )
+            time.sleep(_POLL_SECONDS)
+        return self._pids[process]
+
+    def _check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            slurm.cancel(self.id)
+            raise WorkerError(
+                f"Job {self.id} still ran after {self.timeout:g} s, so it was cancelled; find "
+                f"where it waits at the end of its output:\n{tail(self.text())}",
+                0,
+                self.outputs(),
+                timed_out=True,
+            )
+
+
+def _task_pids(job_id: int, script: str) -> dict[int, int]:
+    """The processes of a job's tasks running ``script`` on this machine, by task index."""
+    found = {}
+    want = f"SLURM_JOB_ID={job_id}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if script.encode() not in f.read():
+                    continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if want in env:
+            task = [e for e in env if e.startswith(b"SLURM_PROCID=")]
+            if task:
+                found[int(task[0].split(b"=", 1)[1])] = int(name)
+    return found
+
+
+def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=None):
+    """``sbatch --parsable`` a batch script in this folder; the job, and the command run.
+
+    ``script`` is the Python file the batch script's tasks run: their processes on this
+    machine are found by it. The job's output (its tasks' lines, labelled by ``srun
+    --label``) goes to ``<name>-<id>.out`` here; ``env`` adds variables to the job's
+    environment, which is otherwise the caller's.
+    """
+    batch_script = str(batch_script)
+    num_tasks = validate.whole(num_tasks, "num_tasks", example=2)
+    timeout = validate.seconds(timeout, "timeout")
+    args = [str(a) for a in args]
+    exports = ",".join(f"{k}={v}" for k, v in (env or {}).items())
+    name = Path(batch_script).stem
+    command = ["sbatch", "--parsable", f"--job-name={name}", f"--output={name}-%j.out"]
+    command += [f"--export=ALL{',' + exports if exports else ''}", batch_script, *args]
+    job_id = int(slurm.run(command).strip().split(";")[0])
+    output = Path(f"{name}-{job_id}.out").resolve()
+    job = SlurmJob(job_id, Path(str(script)).name, num_tasks, output, timeout)
+    return job, shlex.join(command)

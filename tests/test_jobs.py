@@ -1,0 +1,85 @@
+"""book.jobs.submit: a batch job on the local Slurm cluster, watched, signalled and waited for.
+
+Skipped where no cluster answers (``make cluster`` starts one). The tasks run a small Python
+script without JAX: each prints its task index, then sleeps; SIGTERM makes it print a line and
+exit cleanly, as a preempted training program does.
+"""
+
+import signal
+import sys
+import textwrap
+
+import pytest
+
+import book.jobs
+import book.slurm
+from book.multihost import WorkerError
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not book.slurm.usable_nodes(), reason="no Slurm cluster answers here (make cluster)"
+    ),
+]
+
+TASK = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    me = os.environ["SLURM_PROCID"]
+    def preempted(*_):
+        print(f"task {me} got SIGTERM", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, preempted)
+    print(f"task {me} started", flush=True)
+    if "fail" in sys.argv and me == "1":
+        raise SystemExit("task 1 cannot go on")
+    time.sleep(120)
+    """
+)
+BATCH = textwrap.dedent(
+    """\
+    #!/bin/bash
+    #SBATCH --nodes=2
+    #SBATCH --ntasks-per-node=1
+    #SBATCH --time=3
+    PYTHON="$1"
+    shift
+    srun --label --kill-on-bad-exit=1 --error="%x-%j-%t.err" "$PYTHON" -u task.py "$@"
+    """
+)
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    (tmp_path / "task.py").write_text(TASK)
+    (tmp_path / "job.sbatch").write_text(BATCH)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_scancel_sends_every_task_sigterm_and_the_job_completes(folder):
+    job, command = book.jobs.submit("job.sbatch", "task.py", [sys.executable], timeout=90)
+    assert command.startswith("sbatch --parsable") and "job.sbatch" in command
+    with job:
+        job.wait_for(r"^task 0 started$", process=0)
+        job.wait_for(r"^task 1 started$", process=1)
+        assert job.signal(signal.SIGTERM) == f"scancel --signal=TERM {job.id}"
+        outputs = job.wait()
+    assert [out.splitlines()[-1] for out in outputs] == [f"task {i} got SIGTERM" for i in (0, 1)]
+    assert job.facts["JobState"] == "COMPLETED"
+
+
+def test_one_task_killed_ends_the_job_and_its_status_is_read(folder):
+    job, _ = book.jobs.submit("job.sbatch", "task.py", [sys.executable], timeout=90)
+    with job:
+        job.wait_for(r"^task 1 started$", process=1)
+        assert job.signal(signal.SIGKILL, process=1).startswith("kill -KILL ")
+        exits = job.wait_for_exits()
+    assert exits[1] == -signal.SIGKILL and set(job.ended) == {0, 1}
+
+
+def test_a_failed_task_is_reported_with_its_own_errors(folder):
+    job, _ = book.jobs.submit("job.sbatch", "task.py", [sys.executable, "fail"], timeout=90)
+    with job, pytest.raises(WorkerError) as caught:
+        job.wait()
+    assert caught.value.process == 1 and "task 1 cannot go on" in str(caught.value)
