@@ -47,21 +47,15 @@ def test_cluster_up_twice_then_down_twice_leaves_nothing_running(tmp_path):
     state, port = tmp_path / "cluster", 7117
     hosts = Path("/etc/hosts").read_text()
     try:
+        started = []
         for _ in range(2):
             up = make("cluster", state, port)
             assert up.returncode == 0, up.stdout + up.stderr
-            started = daemons(state)
-            assert set(started) == {
-                "slurmctld.pid",
-                "slurmd-node1.pid",
-                "slurmd-node2.pid",
-                "munged.pid",
-            }
-            assert all(alive(pid) for pid in started.values())
-            # A second `up` starts nothing new: the same daemons answer.
-            if _ == 1:
-                assert started == first
-            first = started
+            started.append(daemons(state))
+        first, again = started
+        assert set(first) == {"slurmctld.pid", "slurmd-node1.pid", "slurmd-node2.pid", "munged.pid"}
+        assert all(alive(pid) for pid in first.values())
+        assert again == first  # a second `up` starts nothing new: the same daemons answer
         env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
         nodes = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True
