@@ -15,6 +15,7 @@ from book.exercises.core import (
     function,
     ints,
     need,
+    no_array,
     numbers,
     returned,
     sizes,
@@ -200,6 +201,8 @@ def _run(fn, *args):
             return None, None
         return out, jitted.lower(*args).compile()
     except Exception as err:
+        if isinstance(err, TypeError) and (refused := no_array(fn, args)):
+            raise refused from None
         if type(err).__name__ != "ShardingTypeError":
             raise
         raise Wrong(

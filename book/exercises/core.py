@@ -77,7 +77,18 @@ class Wrong(ReaderError):
 
 class _Stopped(BaseException):
     """Raised inside a checker's thread when its time is up (not an ``Exception``, so that the
-    reader's ``except Exception`` does not swallow it)."""
+    reader's ``except Exception`` does not swallow it).
+
+    Each time one is raised in a thread it is counted, so a thread that keeps running after
+    being stopped is known to have caught it rather than to sit in native code.
+    """
+
+    raised: dict[int, int] = {}
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        ident = threading.get_ident()
+        _Stopped.raised[ident] = _Stopped.raised.get(ident, 0) + 1
 
 
 def checker(func=None, *, limit: float | None = None):
@@ -199,10 +210,13 @@ def _stop_all(threads, grace: float) -> tuple[list[threading.Thread], set[int]]:
     """Ask ``threads`` to stop for ``grace`` seconds: those still running, and which moved.
 
     Each is asked again every 0.1 s, since code that catches the stop may be asked again in a
-    moment when it does not; the innermost line of each is sampled meanwhile, so that code
-    which keeps moving while it is asked to stop (a loop that swallows the stop) is told from
-    code that sits in one native call (a long sleep, a compiled program).
+    moment when it does not. A thread in which the stop was raised and that still runs caught
+    it (a loop that swallows it); one in which it was never raised sits in one native call (a
+    long sleep, a compiled program). Its innermost line is sampled too, where an interpreter
+    raises the stop without counting it.
     """
+    _quiet_stops()
+    before = {t.ident: _Stopped.raised.get(t.ident, 0) for t in threads}
     moved: dict[int, set] = {t.ident: set() for t in threads}
     for _ in range(max(1, int(grace / 0.1))):
         frames = sys._current_frames()
@@ -216,7 +230,26 @@ def _stop_all(threads, grace: float) -> tuple[list[threading.Thread], set[int]]:
         if not any(t.is_alive() for t in threads):
             break
     running = [t for t in threads if t.is_alive()]
-    return running, {ident for ident, places in moved.items() if len(places) > 1}
+    caught = {i for i in before if _Stopped.raised.get(i, 0) > before[i] or len(moved[i]) > 1}
+    return running, caught
+
+
+def _quiet_stops() -> None:
+    """Let a stopped thread of the reader's end without a traceback in the notebook.
+
+    A reader's thread asked to stop ends with ``_Stopped`` unhandled, which Python reports
+    through ``threading.excepthook``; the hook is wrapped once to pass over ``_Stopped`` only.
+    """
+    previous = threading.excepthook
+    if getattr(previous, "_passes_over_stops", False):
+        return
+
+    def hook(args):
+        if args.exc_type is None or not issubclass(args.exc_type, _Stopped):
+            previous(args)
+
+    hook._passes_over_stops = True
+    threading.excepthook = hook
 
 
 def _overtime(thread: threading.Thread, seconds: float) -> Verdict:
@@ -534,7 +567,9 @@ def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
 
 def sizes(value, what: str, example: str = "(16, 8, 4)") -> tuple[int, ...]:
     """A shape: a tuple or list of whole numbers (0-d arrays of integers too)."""
-    if not isinstance(value, (tuple, list, np.ndarray)) or np.ndim(value) != 1:
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if not isinstance(value, (tuple, list)):
         raise Wrong(f"{what} should be a tuple such as {example}, not {validate.describe(value)}.")
     return validate.sizes(list(value), what, low=0, error=Wrong)
 
@@ -706,6 +741,8 @@ def compile_and_run(fn, *args, stub=None):
     calls = []
     try:
         compiled = lower(fn, calls)
+    except TypeError:
+        raise no_array(fn, args) or _reraise() from None
     except ValueError:
         if not calls and stub is not None and inspect.unwrap(fn) is not fn:
             body = inspect.unwrap(fn)
@@ -739,6 +776,63 @@ def callable_with(fn, args) -> None:
     name = name if isinstance(name, str) and name.isidentifier() else "Your function"
     count = f"{len(args)} argument{'s' * (len(args) != 1)}"
     takes(fn, args, f"{name} should take {count}, as the exercise's cell defines it.")
+
+
+def _reraise():
+    """The exception being handled, to raise again where no better sentence was found."""
+    return sys.exc_info()[1]
+
+
+def no_array(fn, args) -> Wrong | None:
+    """``Wrong`` naming what the reader's function returned, if that is what JAX refused.
+
+    JAX refuses a result that is no array (a string, ``...``, an object) with a ``TypeError``
+    of its own; the function is traced once more to see what it returned, so the verdict says
+    "your function returned X" instead of blaming an error inside JAX.
+    """
+    import jax
+
+    seen = []
+
+    def probe(*a):
+        seen.append(fn(*a))
+        return seen[-1]
+
+    with contextlib.suppress(Exception):
+        jax.eval_shape(probe, *args)
+    if not seen:
+        return None
+    name = getattr(fn, "__name__", None)
+    named = isinstance(name, str) and name.isidentifier()
+    if seen[0] is ...:
+        name = name if named else "your function"
+        return Wrong(f"Not answered yet: {name} returns ...; return the exercise's arrays.")
+    name = name if named else "Your function"
+    leaves = _leaves(seen[0])
+    odd = [leaf for leaf in leaves if not _array_like(leaf)]
+    if leaves is None or odd:
+        return Wrong(
+            f"{name} returned {validate.describe(seen[0])}, which is no array; return the "
+            "arrays the exercise asks for."
+        )
+    return None
+
+
+def _leaves(value):
+    """The leaves of a tree of results, or None for one JAX cannot walk (one that holds itself)."""
+    import jax
+
+    try:
+        return jax.tree.leaves(value)
+    except Exception:  # noqa: BLE001 - RecursionError, or JAX's SystemError around it
+        return None
+
+
+def _array_like(value) -> bool:
+    """Whether JAX takes ``value`` as an array: an array, a tracer or a Python number."""
+    if isinstance(value, (bool, int, float, complex, np.number, np.bool_)):
+        return True
+    return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
 def fresh_source(folder, num_examples, features, seed):

@@ -81,12 +81,15 @@ def _compare(label, got, want, factors=None, known=()):
     """
     shape = tuple(np.shape(want))
     try:
-        got = np.asarray(got, np.float64)
-    except Exception:  # noqa: BLE001 - a string, a dict, a ragged or self-holding list
+        values = np.asarray(got)
+    except Exception:  # noqa: BLE001 - a ragged or self-holding list
+        values = None
+    if values is None or values.dtype.kind not in "biuf":  # strings, objects, complex numbers
         raise Wrong(
-            f"{label} is {validate.describe(got)}; it should be an array of shape {shape}, as on "
-            "one device."
-        ) from None
+            f"{label} is {validate.describe(got)}; it should be an array of real numbers of "
+            f"shape {shape}, as on one device."
+        )
+    got = values.astype(np.float64)
     need(
         got.shape == shape,
         f"{label} has shape {got.shape}; it should be {shape}, as on one device.",

@@ -1,0 +1,515 @@
+"""A hostile or clumsy reader, second round: every public function of book's analysis and display
+modules, given wrong kinds of things, sizes no machine holds, nan and infinities, numbers of
+400 digits, negative sizes, containers that hold themselves, texts where lists belong, lists
+where dicts belong and pipes where files belong.
+
+Each call ends one of two ways: a result that is right for odd but valid input, or a
+``ReaderError`` whose message is one sentence. Never another exception, never a hang, never a
+number that only looks like a result. (The spec parser, forms and checkers have their own
+tests in test_hostile.py and test_hostile_checkers.py.)
+"""
+
+import math
+import os
+import threading
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from book import checks, cost, data, display, hlo, models, sizing, specs, timing, trace, validate
+from book.errors import ReaderError
+
+SOME = settings(
+    max_examples=50,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+def holding_itself(kind):
+    """A list, tuple-bearing list or dict that holds itself: ``repr`` copes, recursion does not."""
+    if kind == "dict":
+        found = {}
+        found["me"] = found
+        return found
+    found = [1] if kind == "list" else []
+    found.append(found)
+    return found
+
+
+class Unprintable:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+    __str__ = __repr__
+
+
+ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([10**400, -(10**400), 2**64, -1, 0]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([math.nan, math.inf, -math.inf, -0.5, 1e308 * 10]),
+    st.text(max_size=6),
+    st.sampled_from(["[1, 2]", "8", "", "x"]),
+    st.binary(max_size=4),
+    st.lists(st.text(max_size=2), max_size=3),
+    st.lists(st.lists(st.integers(-3, 3), max_size=3), max_size=3),
+    st.dictionaries(st.text(max_size=2), st.integers(-3, 3), max_size=2),
+    st.sets(st.integers(-3, 3), max_size=2),
+    st.sampled_from(["list", "dict", "nested"]).map(holding_itself),
+    st.builds(object),
+    st.builds(Unprintable),
+    st.sampled_from([1 + 2j, Fraction(1, 3)]),
+    st.builds(np.float32, st.floats(width=32)),
+    st.builds(np.int64, st.integers(-(2**63), 2**63 - 1)),
+    st.builds(lambda: np.array([object(), 1], dtype=object)),
+    st.builds(np.array, st.integers(-3, 9)),
+    st.builds(np.arange, st.integers(0, 5)),
+)
+
+
+def one_sentence(err: ReaderError) -> str:
+    message = str(err)
+    assert message and "\n" not in message and message.endswith("."), message
+    assert len(message) < 500, message
+    return message
+
+
+def result_or_sentence(call):
+    """``call()``'s result, or None after checking its refusal is one sentence."""
+    try:
+        return call()
+    except ReaderError as err:
+        one_sentence(err)
+        return None
+
+
+def with_one_odd(args: tuple, position: int, odd) -> tuple:
+    return args[:position] + (odd,) + args[position + 1 :]
+
+
+# validate.describe: the words every refusal quotes a value with ---------------------------
+
+
+@SOME
+@given(ODD)
+def test_describe_never_fails_and_never_recurses(value):
+    for shown in (
+        validate.describe(value),
+        validate.describe([value, value]),
+        validate.kind(value),
+    ):
+        assert isinstance(shown, str) and "\n" not in shown and len(shown) <= 200
+
+
+@pytest.mark.parametrize("kind", ["list", "dict", "nested"])
+def test_a_container_holding_itself_is_named_by_its_type(kind):
+    assert validate.describe(holding_itself(kind)) in ("a list", "a dict")
+
+
+def test_a_jnp_scalar_is_the_number_it_holds():
+    assert validate.whole(jnp.int32(8), "n") == 8
+    assert validate.number(jnp.float32(0.5), "x") == 0.5
+    with pytest.raises(ReaderError):
+        validate.whole(jnp.float32(8), "n")
+
+
+# book.cost: every formula takes sizes, bytes and counts, or says which is wrong -------------
+
+FORMULAS = [
+    (cost.matmul_flops, (2, 3, 4, 5)),
+    (cost.all_gather_bytes, (800, 8)),
+    (cost.reduce_scatter_bytes, (800, 8)),
+    (cost.all_reduce_bytes, (800, 8)),
+    (cost.all_to_all_bytes, (6400, 8)),
+    (cost.all_to_all_ring_link_bytes, (6400, 8, True)),
+    (cost.collective_permute_bytes, (800,)),
+    (cost.ring_steps, ("all-reduce", 8)),
+    (cost.collective_seconds, (1400.0, 14, 100.0, 1e-6)),
+]
+
+
+@SOME
+@given(st.sampled_from(FORMULAS), st.integers(0, 3), ODD)
+def test_cost_formulas_refuse_what_is_not_a_size(formula, position, odd):
+    function, args = formula
+    position %= len(args)
+    got = result_or_sentence(lambda: function(*with_one_odd(args, position, odd)))
+    if got is not None:  # an odd value that is a valid size: the answer is a real number
+        assert isinstance(got, (int, float)) and not isinstance(got, bool)
+        assert math.isfinite(got) and got >= 0
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1, -0.5, math.inf, "800", None, 10**400])
+def test_cost_never_answers_nan_or_negative_sizes(bad):
+    for call in (
+        lambda: cost.all_reduce_bytes(bad, 8),
+        lambda: cost.all_gather_bytes(800, bad),
+        lambda: cost.matmul_flops(bad, 3, 4),
+        lambda: cost.collective_seconds(bad, 1, 1e9, 1e-6),
+        lambda: cost.collective_seconds(100, 1, bad, 1e-6),
+    ):
+        with pytest.raises(ReaderError) as caught:
+            call()
+        one_sentence(caught.value)
+
+
+def test_ring_bytes_takes_only_a_row_of_collectives():
+    with pytest.raises(ReaderError, match="book.hlo.collectives"):
+        cost.ring_bytes({"op": "all-gather", "bytes": 8})
+
+
+# book.checks: a product is right, wrong, or cannot be checked ------------------------------
+
+A = np.arange(12, dtype=np.float32).reshape(4, 3)
+B = np.arange(15, dtype=np.float32).reshape(3, 5)
+
+
+@SOME
+@given(st.integers(0, 2), ODD)
+def test_assert_product_checks_or_refuses(position, odd):
+    args = with_one_odd((A @ B, A, B), position, odd)
+    try:
+        error = checks.assert_product(*args)
+    except AssertionError as err:  # a wrong result: the assertion's own job
+        assert "\n" not in str(err)
+        return
+    except ReaderError as err:
+        one_sentence(err)
+        return
+    assert 0 <= error <= checks.tolerance(3)
+
+
+@pytest.mark.parametrize("result", [A @ B * np.nan, np.where(A @ B > 50, np.inf, A @ B)])
+def test_assert_product_fails_a_product_that_is_not_finite(result):
+    with pytest.raises(AssertionError, match="not a finite number"):
+        checks.assert_product(result, A, B)
+
+
+@pytest.mark.parametrize("rtol", [math.nan, math.inf, -1e-5, 0, 2, "1e-5", True])
+def test_assert_product_refuses_a_tolerance_that_checks_nothing(rtol):
+    with pytest.raises(ReaderError):
+        checks.assert_product(A @ B, A, B, rtol=rtol)
+
+
+# book.data: folders, fields, rows and what build returns -----------------------------------
+
+
+@pytest.fixture
+def source(tmp_path):
+    return data.write(tmp_path / "d", x=np.arange(48, dtype=np.float32).reshape(16, 3))
+
+
+@SOME
+@given(ODD)
+def test_source_reads_only_example_numbers(source, rows):
+    got = result_or_sentence(lambda: source.read("x", rows))
+    if got is not None:
+        wanted = np.asarray(rows).ravel()
+        assert got.shape == (wanted.size, 3) and (wanted >= 0).all()
+
+
+@SOME
+@given(st.integers(0, 1), ODD)
+def test_source_read_refuses_fields_and_rows_it_does_not_have(source, position, odd):
+    result_or_sentence(lambda: source.read(*with_one_odd(("x", [1, 2]), position, odd)))
+
+
+def test_row_minus_one_is_no_example(source):
+    with pytest.raises(ReaderError, match="from 0 to 15"):
+        source.read("x", [-1])
+
+
+@SOME
+@given(ODD)
+def test_write_refuses_what_it_cannot_store_and_keeps_what_was_there(tmp_path, odd):
+    folder = tmp_path / "w"
+    data.write(folder, x=np.arange(4.0), y=np.arange(4))
+    got = result_or_sentence(lambda: data.write(folder, x=odd))
+    if got is None:  # refused: both fields as they were
+        np.testing.assert_array_equal(np.load(folder / "x.npy"), np.arange(4.0))
+        np.testing.assert_array_equal(np.load(folder / "y.npy"), np.arange(4))
+    result_or_sentence(lambda: data.write(odd, x=np.arange(4.0)))
+
+
+def test_a_write_the_source_would_refuse_leaves_the_folder_as_it_was(tmp_path):
+    data.write(tmp_path, x=np.arange(10.0), z=np.arange(10))
+    with pytest.raises(ReaderError, match="already holds field 'z'"):
+        data.write(tmp_path, x=np.arange(5.0))
+    np.testing.assert_array_equal(np.load(tmp_path / "x.npy"), np.arange(10.0))
+    assert sorted(os.listdir(tmp_path)) == ["x.npy", "z.npy"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are a POSIX thing")
+def test_a_field_that_is_a_pipe_is_refused_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "x.npy")
+    found = {}
+
+    def open_it():
+        try:
+            data.Source(tmp_path)
+        except ReaderError as err:
+            found["said"] = one_sentence(err)
+
+    reader = threading.Thread(target=open_it, daemon=True)
+    reader.start()
+    reader.join(30)
+    if reader.is_alive():  # unblock the reader before failing: open the pipe for writing
+        os.close(os.open(tmp_path / "x.npy", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("book.data.Source waited on a named pipe")
+    assert "not a regular file" in found["said"]
+
+
+@pytest.fixture(scope="module")
+def rows_sharding():
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    return NamedSharding(mesh, P("data"))
+
+
+@SOME
+@given(ODD)
+def test_a_build_that_returns_no_batch_is_named(source, rows_sharding, odd):
+    loader = data.Loader(source, 8, rows_sharding, lambda batch, sharding: odd)
+    with pytest.raises(ReaderError) as caught:
+        next(loader.epoch(0))
+    assert "build returned" in one_sentence(caught.value)
+
+
+def test_a_build_that_ignores_its_sharding_is_named(source, rows_sharding):
+    one_device = jax.devices()[0]
+    loader = data.Loader(
+        source, 8, rows_sharding, lambda b, s: jax.device_put(b.read(), one_device)
+    )
+    with pytest.raises(ReaderError, match="laid out otherwise"):
+        next(loader.epoch(0))
+
+
+@SOME
+@given(st.integers(0, 3), ODD)
+def test_the_loader_and_its_helpers_refuse_in_one_sentence(source, rows_sharding, position, odd):
+    def build(batch, sharding):
+        return jax.make_array_from_callback(batch.shape, sharding, batch.read)
+
+    args = with_one_odd((source, 8, rows_sharding, build), position, odd)
+    result_or_sentence(lambda: data.Loader(*args))
+    result_or_sentence(lambda: data.epoch_order(odd, 0, 0))
+    with pytest.raises((AssertionError, ReaderError)):  # an assertion, or one sentence
+        data.check_epoch(odd, 16)
+    result_or_sentence(lambda: data.process_slice(rows_sharding, odd))
+    result_or_sentence(lambda: data.Batch(source, "x", odd))
+
+
+# book.hlo and book.display: programs, rows, tables and pictures ---------------------------
+
+
+@pytest.fixture(scope="module")
+def programs():
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    x = jax.device_put(np.ones((16, 4), np.float32), NamedSharding(mesh, P("x")))
+    lowered = jax.jit(lambda a: a.sum(0)).lower(x)
+    return lowered, lowered.compile()
+
+
+def test_a_lowered_programs_text_is_not_read_as_having_no_collectives(programs):
+    lowered, compiled = programs
+    assert [r.op for r in hlo.collectives(compiled)] == ["all-reduce"]
+    for reader in (hlo.collectives, hlo.instructions, hlo.dataflow):
+        with pytest.raises(ReaderError, match="compile"):
+            reader(lowered.as_text())
+
+
+def test_stablehlo_listing_names_the_program_to_pass(programs):
+    lowered, compiled = programs
+    assert "@main(" in display.stablehlo_listing(lowered)
+    with pytest.raises(ReaderError, match="lowered one"):
+        display.stablehlo_listing(compiled)
+
+
+@SOME
+@given(ODD)
+def test_program_readers_refuse_what_is_no_program(odd):
+    for reader in (
+        hlo.collectives,
+        hlo.instructions,
+        hlo.dataflow,
+        hlo.stablehlo_main,
+        display.collective_table,
+        display.listing,
+        display.hlo_graph,
+        display.stablehlo_listing,
+    ):
+        result_or_sentence(lambda reader=reader: reader(odd))
+
+
+@SOME
+@given(ODD)
+def test_rows_and_widths_are_checked(programs, odd):
+    (row,) = hlo.collectives(programs[1])
+    for call in (
+        lambda: display.shape_text(odd),
+        lambda: display.groups_text(odd),
+        lambda: display.groups_text(row, odd),
+        lambda: display.listing(programs[1], width=odd),
+        lambda: display.listing(programs[1], ops=odd),
+        lambda: cost.ring_bytes(odd),
+    ):
+        result_or_sentence(call)
+
+
+HEADERS, ROWS = ["op", "bytes"], [["all-gather", 1024], ["all-reduce", 2048]]
+
+
+@SOME
+@given(st.integers(0, 3), ODD)
+def test_table_takes_lists_or_says_what_it_needs(position, odd):
+    args = (HEADERS, ROWS, None, None)
+    headers, rows, title, note = with_one_odd(args, position, odd)
+    table = result_or_sentence(lambda: display.table(headers, rows, title=title, note=note))
+    if table is not None:
+        assert isinstance(table.text, str) and "<table" in table.html
+
+
+@pytest.mark.parametrize(
+    "headers, rows",
+    [("op", ROWS), (HEADERS, "rows"), ({"op": 1, "bytes": 2}, ROWS), (HEADERS, [["x"], ["y"]])],
+)
+def test_a_text_or_a_dict_is_not_taken_for_a_list(headers, rows):
+    with pytest.raises(ReaderError):
+        display.table(headers, rows)
+
+
+def test_a_true_cell_says_true():
+    assert "True" in display.table(["flag"], [[True]]).text
+
+
+@SOME
+@given(st.integers(0, 2), ODD)
+def test_timeline_verdicts_and_outputs_refuse_wrong_kinds(position, odd):
+    ops = [trace.Op(0, "all-gather.1", "jit_f", 0.0, 2.0), trace.Op(0, "dot", "jit_f", 2.0, 1.0)]
+    args = with_one_odd((ops, {"all-gather.1": "all-gather"}, None), position, odd)
+    figure = result_or_sentence(lambda: display.timeline(args[0], args[1], title=args[2]))
+    if figure is not None:
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+    result_or_sentence(lambda: display.outputs_html(odd))
+    result_or_sentence(lambda: display.verdict_html(odd, "x"))
+    result_or_sentence(lambda: display.verdict_html(True, odd))
+    assert isinstance(display.error_html(odd), str)
+
+
+@SOME
+@given(st.integers(0, 1), ODD)
+def test_pictures_refuse_wrong_kinds(position, odd):
+    blocks = [np.array([1.0]), np.array([2.0])]
+    before, after = with_one_odd((blocks, blocks[::-1]), position, odd)
+    result_or_sentence(lambda: display.before_after_table(before, after))
+    result_or_sentence(lambda: display.collective_diagram(before, after).text)
+    result_or_sentence(lambda: display.ring_diagram(odd).text)
+    result_or_sentence(lambda: display.mesh_diagram(odd))
+    result_or_sentence(lambda: display.shard_table(odd))
+
+
+# book.models and book.timing ---------------------------------------------------------------
+
+PARAMS = models.init(0, 4, 8, 3)
+X, Y = models.synthetic_data(1, 16, 4, 3)
+
+
+@SOME
+@given(st.integers(0, 3), ODD)
+def test_models_refuse_what_is_no_model_or_batch(position, odd):
+    step = with_one_odd((PARAMS, X, Y, 0.1), position, odd)
+    got = result_or_sentence(lambda: models.reference_step(*step))
+    if got is not None:
+        new, loss, _ = got
+        assert np.isfinite(float(loss)) and set(new) == set(PARAMS)
+    result_or_sentence(lambda: models.forward(*with_one_odd((PARAMS, X), position % 2, odd)))
+    result_or_sentence(
+        lambda: models.cross_entropy(*with_one_odd((X[:, :3], Y), position % 2, odd))
+    )
+    result_or_sentence(lambda: models.sgd(*with_one_odd((PARAMS, PARAMS, 0.1), position % 3, odd)))
+    result_or_sentence(lambda: models.init(*with_one_odd((0, 4, 8, 3), position, odd)))
+    result_or_sentence(lambda: models.synthetic_data(*with_one_odd((0, 16, 4, 3), position, odd)))
+    result_or_sentence(lambda: models.param_count(odd))
+
+
+def test_a_learning_rate_of_nan_does_not_turn_the_model_into_nan():
+    with pytest.raises(ReaderError, match="learning_rate"):
+        models.sgd(PARAMS, PARAMS, math.nan)
+
+
+def test_labels_beyond_the_classes_are_refused():
+    with pytest.raises(ReaderError, match="classes"):
+        models.cross_entropy(X[:, :3], Y + 3)
+
+
+@SOME
+@given(ODD)
+def test_format_seconds_shows_a_number_or_refuses(odd):
+    shown = result_or_sentence(lambda: timing.format_seconds(odd))
+    if shown is not None:
+        assert shown.endswith(("µs", "ms", " s")) and "\n" not in shown
+
+
+@SOME
+@given(st.sampled_from(["warmup", "runs"]), ODD)
+def test_measure_refuses_counts_it_cannot_run(name, odd):
+    got = result_or_sentence(lambda: timing.measure(lambda: None, **{name: odd, "runs": 2}))
+    if got is not None:
+        assert got.median >= 0
+
+
+# book.specs, book.sizing and book.trace --------------------------------------------------
+
+
+def test_duplicate_axis_names_are_refused():
+    with pytest.raises(specs.SpecError, match="appears twice"):
+        specs.check_mesh((2, 4), ("data", "data"), 8)
+
+
+@SOME
+@given(st.integers(0, 2), ODD)
+def test_spec_checks_refuse_in_one_sentence(position, odd):
+    mesh = {"data": 2, "model": 4}
+    result_or_sentence(
+        lambda: specs.check_mesh(*with_one_odd(((2, 4), ("a", "b"), 8), position, odd))
+    )
+    result_or_sentence(
+        lambda: specs.check_sharding(*with_one_odd(((8, 4), mesh, P("data")), position, odd))
+    )
+    result_or_sentence(lambda: specs.spec_text(odd))
+    result_or_sentence(lambda: specs.names_text(odd))
+
+
+@SOME
+@given(st.sampled_from(["dp", "fsdp", "tp", "global_batch", "seq", "remat"]), ODD)
+def test_the_sizing_calculator_refuses_in_one_sentence(name, odd):
+    kwargs = {"global_batch": 8, "seq": 128, name: odd}
+    plan = result_or_sentence(lambda: sizing.plan(sizing.PRESETS["Llama 3 8B"], **kwargs))
+    if plan is not None:
+        assert all(math.isfinite(v) and v >= 0 for v in plan.memory.values())
+
+
+@SOME
+@given(ODD)
+def test_trace_paths_are_read_or_refused(tmp_path, odd):
+    result_or_sentence(lambda: trace.read(odd))
+    result_or_sentence(lambda: trace.trace_file(odd))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are a POSIX thing")
+def test_a_trace_that_is_a_pipe_is_named(tmp_path):
+    os.mkfifo(tmp_path / "t.json.gz")
+    with pytest.raises(ReaderError, match="not a regular file"):
+        trace.read(tmp_path / "t.json.gz")
