@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from book import cost, validate
 from book.errors import ReaderError
 
@@ -160,18 +158,9 @@ class Collective:
 def _number(value, name, example, *, zero=False):
     """A finite real number above zero (or at least zero), or SizingError in one sentence."""
     sort = "a number of at least 0" if zero else "a number above 0"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, (int, float, np.integer, np.floating)
-    ):
-        raise SizingError(
-            f"{name} must be {sort} such as {example}, not {validate.describe(value)}."
-        )
-    number = float(value) if abs(value) < 1e300 else math.inf
-    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
-        raise SizingError(
-            f"{name} must be {sort} such as {example}, not {validate.describe(value)}."
-        )
-    return number
+    return validate.number(
+        value, name, above=not zero, wanted=f"{sort} such as {example}", error=SizingError
+    )
 
 
 @dataclass(frozen=True)

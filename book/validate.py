@@ -46,7 +46,16 @@ def describe(value, limit: int = 40, _depth: int = 0) -> str:
     (``str`` refuses integers of more than 4300 digits); anything else by its type, since its
     own ``repr`` could be long, slow or fail. Short lists and tuples are shown with their
     items, two levels deep at most, so a list that holds itself is named, not followed forever.
+    A value whose own conversions fail (a subclass of ``int`` whose ``__int__`` raises) is
+    named by its type.
     """
+    try:
+        return _describe(value, limit, _depth)
+    except Exception:  # noqa: BLE001 - describing must never be an error of its own
+        return kind(value)
+
+
+def _describe(value, limit: int, _depth: int) -> str:
     if value is None or isinstance(value, (bool, np.bool_)):
         return repr(None if value is None else bool(value))
     if isinstance(value, (int, np.integer)):
@@ -127,6 +136,8 @@ def number(
         raise error(
             f"{name} is too large: {describe(value)} is more than a float can hold."
         ) from None
+    except Exception:  # noqa: BLE001 - a number subclass whose own conversion fails
+        raise error(f"{name} must be {wanted}, not {describe(value)}.") from None
     if not math.isfinite(result):
         raise error(f"{name} must be a finite number, not {describe(value)}.")
     if result < low or (above and result == low):
@@ -176,7 +187,10 @@ def whole(
         if isinstance(value, str):
             shown += " (a string)"
         raise error(f"{wanted}, not {shown}.")
-    number = int(value)
+    try:
+        number = int(value)
+    except Exception:  # noqa: BLE001 - an integer subclass whose own conversion fails
+        raise error(f"{wanted}, not {describe(value)}.") from None
     if number < low:
         if low == 1:
             raise error(f"{wanted}, not {describe(number)}.")
