@@ -90,3 +90,29 @@ def test_plain_accumulation_reduces_the_gradients_in_every_microbatch():
     entry = re.search(r"^ENTRY %?(\S+)", text, re.M).group(1)
     reductions = [r for r in book.hlo.collectives(text) if r.op == "all-reduce"]
     assert reductions and all(r.computation != entry for r in reductions)
+
+
+@pytest.mark.slow
+def test_every_layout_of_the_flag_trains_to_the_same_losses(train_py, tmp_path, monkeypatch):
+    """train.py's --layout takes each of chapter 13's rules tables; run as one process here,
+    on this test run's 8 devices, two steps of each give DP's losses within bfloat16's
+    precision, as the chapter's restart onto FSDP x TP did."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("chapter19_train", train_py)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
+    monkeypatch.delenv("SLURM_STEP_NODELIST", raising=False)
+    losses = {}
+    for layout, mesh in [("DP", "8"), ("FSDP", "8"), ("TP", "8"), ("FSDP x TP", "4x2")]:
+        logs = tmp_path / layout.replace(" ", "")
+        flags = ["--steps", "2", "--checkpoint-dir", logs / "c", "--log-dir", logs / "log"]
+        flags += ["--layout", layout, "--mesh", mesh]
+        train.main(train.parser.parse_args([str(f) for f in flags]))
+        lines = (logs / "log" / "0-of-1.jsonl").read_text().splitlines()
+        losses[layout] = [json.loads(line)["loss"] for line in lines]
+    for layout, found in losses.items():
+        np.testing.assert_allclose(found, losses["DP"], rtol=2**-8, err_msg=layout)
