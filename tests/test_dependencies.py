@@ -48,9 +48,22 @@ def imported_modules() -> dict[str, str]:
         for name in _top_level_imports(source):
             found.setdefault(name, where)
     for name in list(found):
-        if name in sys.stdlib_module_names or name == "book":
+        if name in sys.stdlib_module_names or name == "book" or name in written_modules():
             del found[name]
     return found
+
+
+def written_modules() -> set[str]:
+    """Modules the chapters write themselves (``%%writefile x.py``), such as chapter 19's
+    ``train``, which the chapter imports after writing it."""
+    names = set()
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            first = "".join(cell["source"]).partition("\n")[0]
+            found = re.match(r"%%writefile (\w+)\.py$", first)
+            if cell["cell_type"] == "code" and found:
+                names.add(found.group(1))
+    return names
 
 
 def _requirement_name(requirement: str) -> str:
