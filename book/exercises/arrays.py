@@ -11,6 +11,7 @@ from book.exercises.core import (
     answered,
     callable_with,
     checker,
+    few_results,
     first_sentence,
     function,
     ints,
@@ -171,7 +172,7 @@ def ch02_spec_for_64_bytes(spec):
     try:
         x = jax.device_put(np.arange(64, dtype=np.int32).reshape(8, 8), NamedSharding(mesh, spec))
     except Exception as err:  # JAX's own words for an impossible spec
-        raise Wrong(f"JAX cannot use {spec}: {str(err).splitlines()[0][:160]}") from None
+        raise Wrong(f"JAX cannot use {spec_text(spec)}: {first_sentence(err)}.") from None
     per_device = max(s.data.nbytes for s in x.addressable_shards)
     ways = 256 // per_device
     need(
@@ -194,7 +195,7 @@ def _run(fn, *args):
     import jax
 
     callable_with(fn, args)
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    jitted = fn if hasattr(fn, "lower") else jax.jit(few_results(fn))
     try:
         out = jitted(*args)
         if out is None:

@@ -238,18 +238,28 @@ def _quiet_stops() -> None:
     """Let a stopped thread of the reader's end without a traceback in the notebook.
 
     A reader's thread asked to stop ends with ``_Stopped`` unhandled, which Python reports
-    through ``threading.excepthook``; the hook is wrapped once to pass over ``_Stopped`` only.
+    through ``threading.excepthook``, and a stop that lands in a garbage-collector callback is
+    reported through ``sys.unraisablehook``; each hook is wrapped once to pass over
+    ``_Stopped`` only.
     """
     previous = threading.excepthook
-    if getattr(previous, "_passes_over_stops", False):
-        return
+    if not getattr(previous, "_passes_over_stops", False):
 
-    def hook(args):
-        if args.exc_type is None or not issubclass(args.exc_type, _Stopped):
-            previous(args)
+        def hook(args):
+            if args.exc_type is None or not issubclass(args.exc_type, _Stopped):
+                previous(args)
 
-    hook._passes_over_stops = True
-    threading.excepthook = hook
+        hook._passes_over_stops = True
+        threading.excepthook = hook
+    unraisable = sys.unraisablehook  # a stop that lands in a garbage-collector callback
+    if not getattr(unraisable, "_passes_over_stops", False):
+
+        def quiet(args):
+            if not isinstance(args.exc_value, _Stopped):
+                unraisable(args)
+
+        quiet._passes_over_stops = True
+        sys.unraisablehook = quiet
 
 
 def _overtime(thread: threading.Thread, seconds: float) -> Verdict:
@@ -731,7 +741,7 @@ def compile_and_run(fn, *args, stub=None):
     callable_with(fn, args)
 
     def lower(fn, calls, check_vma=None):
-        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        jitted = fn if hasattr(fn, "lower") else jax.jit(few_results(fn))
         with (
             recording(jax, "shard_map", _recording_shard_maps(calls, check_vma)),
             jax.default_matmul_precision("highest"),
@@ -772,15 +782,45 @@ def callable_with(fn, args) -> None:
     """Refuse a function that is no function, or that cannot take the exercise's ``args``."""
     answered(fn, "define the function and pass it")
     need(callable(fn), f"Not answered yet: pass a function, not {validate.describe(fn)}.")
-    name = getattr(fn, "__name__", None)
-    name = name if isinstance(name, str) and name.isidentifier() else "Your function"
     count = f"{len(args)} argument{'s' * (len(args) != 1)}"
-    takes(fn, args, f"{name} should take {count}, as the exercise's cell defines it.")
+    sentence = f"{_name(fn, 'Your function')} should take {count}, as the exercise's cell does."
+    takes(fn, args, sentence)
 
 
 def _reraise():
     """The exception being handled, to raise again where no better sentence was found."""
     return sys.exc_info()[1]
+
+
+MAX_RESULTS = 256  # arrays an exercise's function may return: far more than any asks for
+
+
+def few_results(fn):
+    """``fn``, refusing while it is traced a result of more than ``MAX_RESULTS`` values.
+
+    A function that returns a list of 100,000 numbers gives JAX as many outputs to trace and
+    compile, which takes minutes and would be reported as a program that never ends; counted
+    as it returns, it is named at once.
+    """
+
+    @functools.wraps(fn)
+    def counted(*args):
+        out = fn(*args)
+        leaves = _leaves(out)
+        if leaves is not None and len(leaves) > MAX_RESULTS:
+            raise Wrong(
+                f"{_name(fn, 'Your function')} returned {len(leaves):,} values; return the "
+                "arrays the exercise asks for."
+            )
+        return out
+
+    return counted
+
+
+def _name(fn, otherwise: str) -> str:
+    """A function's name as a sentence can use it, ``otherwise`` for a lambda or an object."""
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) and name.isidentifier() else otherwise
 
 
 def no_array(fn, args) -> Wrong | None:
@@ -802,12 +842,12 @@ def no_array(fn, args) -> Wrong | None:
         jax.eval_shape(probe, *args)
     if not seen:
         return None
-    name = getattr(fn, "__name__", None)
-    named = isinstance(name, str) and name.isidentifier()
     if seen[0] is ...:
-        name = name if named else "your function"
-        return Wrong(f"Not answered yet: {name} returns ...; return the exercise's arrays.")
-    name = name if named else "Your function"
+        return Wrong(
+            f"Not answered yet: {_name(fn, 'your function')} returns ...; return the "
+            "exercise's arrays."
+        )
+    name = _name(fn, "Your function")
     leaves = _leaves(seen[0])
     odd = [leaf for leaf in leaves if not _array_like(leaf)]
     if leaves is None or odd:
@@ -864,5 +904,6 @@ def ints(shape, seed):
 
 
 def first_sentence(err) -> str:
+    """An exception's first sentence, without its period, to end a sentence of a checker's."""
     text = _text(err, None) or type(err).__name__
     return text.split(". ")[0].rstrip(".")[:160]

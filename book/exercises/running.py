@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, checker, need, takes
+from book.exercises.core import Wrong, answered, checker, need, numbers, returned, takes, whole
 
 # Exercise 19.1: jobs as (step seconds, save seconds, restart seconds, mean time between
 # failures in seconds). The last saves slowly against its failure rate, where Young's square
@@ -74,10 +74,10 @@ def ch19_best_interval(best_interval):
     for job in _JOBS:
         got = best_interval(*job)
         answered(got, "best_interval returns None")
-        need(
-            isinstance(got, (int, np.integer)) and not isinstance(got, bool) and got >= 1,
-            f"best_interval{job} gave {got!r}; return a whole number of steps, at least 1.",
-        )
+        try:
+            got = whole(got, f"best_interval{job}", high=10**9, example=100)
+        except Wrong:
+            returned(got, f"best_interval{job}", "a whole number of steps, at least 1")
         best = _best(job)
         mine, top = goodput(int(got), *job), goodput(best, *job)
         young = max(1, round(math.sqrt(2 * job[1] * job[3]) / job[0]))
@@ -155,10 +155,10 @@ def ch19_records_of(records_of):
         order = _order(records, seed)
         got = records_of(list(order), step, process, count, batch)
         answered(got, "records_of returns None")
-        try:
-            got = [int(r) for r in got]
-        except (TypeError, ValueError):
-            raise Wrong(f"records_of gave {got!r}; return a list of record ids.") from None
+        ids = numbers(got, "records_of's result", "[3, 17, 42]").ravel()
+        if (ids != np.round(ids)).any():
+            returned(got, "records_of", "a list of record ids")
+        got = [int(r) for r in ids]
         want = _grain_records(records, seed, batch, step, process, count)
         if got != want:
             start = step * batch

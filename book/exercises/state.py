@@ -10,6 +10,7 @@ from book.exercises.core import (
     answered,
     checker,
     compile_and_run,
+    first_sentence,
     function,
     need,
     scratch_folder,
@@ -136,9 +137,7 @@ def _saved_state(mesh, layout):
         except Exception as err:  # noqa: BLE001 - JAX's own refusal of the spec
             raise Wrong(
                 f"layout cannot place {k}, of shape {params[k].shape}, as "
-                f"{spec_text(layout[k])}: {str(err).strip().splitlines()[0][:120]}"
-                if str(err).strip()
-                else f"layout cannot place {k} as {spec_text(layout[k])}; use the chapter's."
+                f"{spec_text(layout[k])}: {first_sentence(err)}."
             ) from None
     shardings = {
         "params": by_name,
