@@ -112,7 +112,11 @@ class SlurmJob:
         """Wait for the job's end; return what each task printed, or raise if it failed."""
         codes = self.wait_for_exits()
         if self.facts.get("JobState") != "COMPLETED" or any(codes):
-            failed = next((i for i, code in enumerate(codes) if code), 0)
+            # The task that failed by itself, not one Slurm then ended (a negative status).
+            failed = next((i for i, code in enumerate(codes) if code > 0), None)
+            failed = (
+                next((i for i, code in enumerate(codes) if code), 0) if failed is None else failed
+            )
             raise WorkerError(
                 f"Job {self.id} ended {self.facts.get('JobState', '')} (exit statuses "
                 f"{codes}); fix the error at the end of task {failed}'s log:\n"
@@ -199,8 +203,11 @@ def _task_pids(job_id: int, script: str) -> dict[int, int]:
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
-                if script.encode() not in f.read():
-                    continue
+                argv = f.read().split(b"\0")
+            # The task's own process, not the srun that started it (which runs the script's
+            # name as an argument in the batch step, task 0's environment included).
+            if script.encode() not in b" ".join(argv) or os.path.basename(argv[0]) == b"srun":
+                continue
             with open(f"/proc/{name}/environ", "rb") as f:
                 env = f.read().split(b"\0")
         except OSError:
