@@ -10,13 +10,12 @@ from book.exercises.core import (
     Wrong,
     answered,
     callable_with,
+    checked_results,
     checker,
-    few_results,
     first_sentence,
     function,
     ints,
     need,
-    no_array,
     numbers,
     returned,
     sizes,
@@ -195,15 +194,13 @@ def _run(fn, *args):
     import jax
 
     callable_with(fn, args)
-    jitted = fn if hasattr(fn, "lower") else jax.jit(few_results(fn))
+    jitted = fn if hasattr(fn, "lower") else jax.jit(checked_results(fn))
     try:
         out = jitted(*args)
         if out is None:
             return None, None
         return out, jitted.lower(*args).compile()
     except Exception as err:
-        if isinstance(err, TypeError) and (refused := no_array(fn, args)):
-            raise refused from None
         if type(err).__name__ != "ShardingTypeError":
             raise
         raise Wrong(

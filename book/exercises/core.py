@@ -741,7 +741,7 @@ def compile_and_run(fn, *args, stub=None):
     callable_with(fn, args)
 
     def lower(fn, calls, check_vma=None):
-        jitted = fn if hasattr(fn, "lower") else jax.jit(few_results(fn))
+        jitted = fn if hasattr(fn, "lower") else jax.jit(checked_results(fn))
         with (
             recording(jax, "shard_map", _recording_shard_maps(calls, check_vma)),
             jax.default_matmul_precision("highest"),
@@ -751,8 +751,6 @@ def compile_and_run(fn, *args, stub=None):
     calls = []
     try:
         compiled = lower(fn, calls)
-    except TypeError:
-        raise no_array(fn, args) or _reraise() from None
     except ValueError:
         if not calls and stub is not None and inspect.unwrap(fn) is not fn:
             body = inspect.unwrap(fn)
@@ -787,75 +785,46 @@ def callable_with(fn, args) -> None:
     takes(fn, args, sentence)
 
 
-def _reraise():
-    """The exception being handled, to raise again where no better sentence was found."""
-    return sys.exc_info()[1]
-
-
 MAX_RESULTS = 256  # arrays an exercise's function may return: far more than any asks for
 
 
-def few_results(fn):
-    """``fn``, refusing while it is traced a result of more than ``MAX_RESULTS`` values.
+def checked_results(fn):
+    """``fn``, whose result is refused as it returns, while JAX traces it, unless it is arrays.
 
-    A function that returns a list of 100,000 numbers gives JAX as many outputs to trace and
-    compile, which takes minutes and would be reported as a program that never ends; counted
-    as it returns, it is named at once.
+    JAX refuses a result that holds no array (a string, an object, ``...``) with an error of its
+    own, which would read as a mistake inside JAX, and takes minutes over a list of 100,000
+    numbers (as many outputs to trace and compile), which would read as a program that never
+    ends. Looked at as the function returns, the verdict says what it returned.
     """
 
     @functools.wraps(fn)
-    def counted(*args):
+    def checked(*args):
         out = fn(*args)
+        if out is ...:
+            raise Wrong(
+                f"Not answered yet: {_name(fn, 'your function')} returns ...; return the "
+                "exercise's arrays."
+            )
         leaves = _leaves(out)
+        name = _name(fn, "Your function")
         if leaves is not None and len(leaves) > MAX_RESULTS:
             raise Wrong(
-                f"{_name(fn, 'Your function')} returned {len(leaves):,} values; return the "
+                f"{name} returned {len(leaves):,} values; return the arrays the exercise asks for."
+            )
+        if leaves is None or not all(_array_like(leaf) for leaf in leaves):
+            raise Wrong(
+                f"{name} returned {validate.describe(out)}, which is no array; return the "
                 "arrays the exercise asks for."
             )
         return out
 
-    return counted
+    return checked
 
 
 def _name(fn, otherwise: str) -> str:
     """A function's name as a sentence can use it, ``otherwise`` for a lambda or an object."""
     name = getattr(fn, "__name__", None)
     return name if isinstance(name, str) and name.isidentifier() else otherwise
-
-
-def no_array(fn, args) -> Wrong | None:
-    """``Wrong`` naming what the reader's function returned, if that is what JAX refused.
-
-    JAX refuses a result that is no array (a string, ``...``, an object) with a ``TypeError``
-    of its own; the function is traced once more to see what it returned, so the verdict says
-    "your function returned X" instead of blaming an error inside JAX.
-    """
-    import jax
-
-    seen = []
-
-    def probe(*a):
-        seen.append(fn(*a))
-        return seen[-1]
-
-    with contextlib.suppress(Exception):
-        jax.eval_shape(probe, *args)
-    if not seen:
-        return None
-    if seen[0] is ...:
-        return Wrong(
-            f"Not answered yet: {_name(fn, 'your function')} returns ...; return the "
-            "exercise's arrays."
-        )
-    name = _name(fn, "Your function")
-    leaves = _leaves(seen[0])
-    odd = [leaf for leaf in leaves if not _array_like(leaf)]
-    if leaves is None or odd:
-        return Wrong(
-            f"{name} returned {validate.describe(seen[0])}, which is no array; return the "
-            "arrays the exercise asks for."
-        )
-    return None
 
 
 def _leaves(value):

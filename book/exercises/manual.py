@@ -8,6 +8,7 @@ from book import validate
 from book.exercises.core import (
     Wrong,
     answered,
+    checked_results,
     checker,
     compile_and_run,
     line_mesh,
@@ -318,7 +319,10 @@ def _ring_matmul_check(variant, what, seed):
     rows = NamedSharding(mesh, P("x", None))
     a, b = jax.device_put(A, rows), jax.device_put(B, rows)
     mapped = jax.shard_map(
-        variant, mesh=mesh, in_specs=(P("x", None), P("x", None)), out_specs=P("x", None)
+        checked_results(variant),
+        mesh=mesh,
+        in_specs=(P("x", None), P("x", None)),
+        out_specs=P("x", None),
     )
     out, compiled = compile_and_run(mapped, a, b)
     out = np.asarray(_on_mesh(out, mesh, what, "this device's rows of A @ B"))
