@@ -125,12 +125,12 @@ FUNCTIONS = st.one_of(
     st.sampled_from([lambda: 1.0, lambda a, b, c, d, e, f, g: 1.0]),
 )
 QUICK = settings(
-    max_examples=12,
+    max_examples=10,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-FEW = settings(QUICK, max_examples=4)
+FEW = settings(QUICK, max_examples=3)
 
 
 def checkers():
