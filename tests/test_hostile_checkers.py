@@ -284,3 +284,18 @@ def test_a_checkers_scratch_folder_goes_when_the_answer_never_returns(short_limi
     assert not verdict.ok and "still ran" in verdict.message
     assert folders and not folders[0].exists()
     wait_for_no_checker_thread()
+
+
+@pytest.mark.parametrize(
+    "name, answers",
+    [
+        ("ch02_predict", ((16, 1, 4), jnp.int32(1))),
+        ("ch02_predict", (np.array([16, 1, 4]), np.int64(1))),
+        ("ch02_rows_on_device_1", (jnp.array([2]),)),
+        ("ch14_microbatches", (jnp.int32(63), jnp.float32(16.0))),
+        ("ch14_in_flight", (jnp.full(6, 4), np.array([4, 4, 4, 3, 2, 1]))),
+    ],
+)
+def test_a_right_answer_computed_with_jax_or_numpy_is_right(name, answers):
+    verdict = getattr(exercises, name)(*answers)
+    assert verdict.ok, verdict.message
