@@ -308,6 +308,11 @@ class _World:
     processes started meanwhile are killed, with their own children; Python threads started
     meanwhile that run the reader's code are asked to stop. Put back after the verdict whether
     the check finished or not, so nothing outlives a check that had to be abandoned.
+
+    Processes are found as descendants of this one, so a process that has left the tree by the
+    time the check ends (a daemon that forks twice, or a job a shell started in the background
+    and then exited) belongs to init and is not found; only a subreaper or a cgroup around the
+    check would catch it, and a notebook's kernel is not the place for either.
     """
 
     def __init__(self, args):
