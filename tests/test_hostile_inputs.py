@@ -240,6 +240,8 @@ def test_write_refuses_what_it_cannot_store_and_keeps_what_was_there(tmp_path, o
     if got is None:  # refused: both fields as they were
         np.testing.assert_array_equal(np.load(folder / "x.npy"), np.arange(4.0))
         np.testing.assert_array_equal(np.load(folder / "y.npy"), np.arange(4))
+    if isinstance(odd, str) and (os.path.isabs(odd.strip()) or ".." in odd):
+        return  # a path out of the test's folder is a valid path: not written to here
     with contextlib.chdir(tmp_path):  # an odd folder name that is a valid path lands here
         result_or_sentence(lambda: data.write(odd, x=np.arange(4.0)))
 
