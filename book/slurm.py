@@ -240,5 +240,7 @@ def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
 
 def _notice(line: str) -> bool:
     """Whether a line holds nothing but pieces of Gloo's connection notices (a bare number
-    too: a piece of one, as the workers print every value after its name)."""
-    return all(word in _NOTICE_WORDS or word.isdigit() for word in line.split())
+    too: a piece of one, as the workers print every value after its name). A piece that
+    starts a notice can follow a number with no space between them ("3[Gloo] Rank")."""
+    words = line.replace("[Gloo]", " [Gloo] ").split()
+    return all(word in _NOTICE_WORDS or word.isdigit() for word in words)

@@ -51,6 +51,8 @@ def test_tasks_splits_labelled_output_and_drops_notices_and_slurm_lines():
     text += "Expected number of connected peer ranks is : [Gloo] Rank 37\n"
     text += "1:  is connected to 7 peer ranks. 7 peer ranks. Expected number of connected\n"
     text += "1: 7\n"
+    text += "0: [Gloo] Rank 0 is connected to 3[Gloo] Rank 3 peer ranks.  is connected to "
+    text += "Expected number of connected peer ranks is : 33 peer ranks. \n"
     outputs = book.slurm.tasks(text, 2, "w.py")
     assert list(outputs) == ["process_index: 0\n", "process_index: 1\nsum: 3\n"]
     assert outputs.script == "w.py"
