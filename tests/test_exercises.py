@@ -22,10 +22,7 @@ pytestmark = pytest.mark.slow
 
 # The worked solution folded under the exercise: <details> with the summary "Solution", which
 # the built book, JupyterLab, Colab and Kaggle all show folded.
-SOLUTION = re.compile(
-    r"(?:<details>\s*<summary>Solution</summary>|:::\{dropdown\} Solution)\s*\n```python\n(.*?)```",
-    re.S,
-)
+SOLUTION = re.compile(r"<details>\s*<summary>Solution</summary>\s*\n```python\n(.*?)```", re.S)
 
 
 def exercise_cells(nb):

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hostile_values import Unprintable, holding_itself
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
@@ -82,23 +83,6 @@ SLOW = {
     "ch16_masked_mean_grads",
     "ch16_restore_on",
 }
-
-
-def holding_itself(kind):
-    if kind == "dict":
-        found = {}
-        found["me"] = found
-        return found
-    found = []
-    found.append(found)
-    return found
-
-
-class Unprintable:
-    def __repr__(self):
-        raise RuntimeError("no repr")
-
-    __str__ = __repr__
 
 
 WRONG = st.one_of(

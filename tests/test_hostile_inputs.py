@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hostile_values import Unprintable, holding_itself
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
@@ -33,24 +34,6 @@ SOME = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-
-
-def holding_itself(kind):
-    """A list, tuple-bearing list or dict that holds itself: ``repr`` copes, recursion does not."""
-    if kind == "dict":
-        found = {}
-        found["me"] = found
-        return found
-    found = [1] if kind == "list" else []
-    found.append(found)
-    return found
-
-
-class Unprintable:
-    def __repr__(self):
-        raise RuntimeError("no repr")
-
-    __str__ = __repr__
 
 
 ODD = st.one_of(
