@@ -67,9 +67,6 @@ ANSWERS = {
 # Exercises whose checker runs the reader's function in other processes: a wrong function
 # there costs a launch, so they are given only wrong values here.
 IN_PROCESSES = {"ch11_column_means", "ch11_own_rows"}
-# book/exercises/hosts.py is being rewritten with the multi-process launcher; its checkers
-# still blame themselves for some wrong answers (reported on issue 29).
-HOSTS = {"ch11_column_means", "ch11_own_rows", "ch12_intensity", "ch12_timer", "ch12_dp_tp_bytes"}
 # Checkers that compile a training step for every answer: fewer examples keep the run short.
 SLOW = {
     "ch07_sum_dp",
@@ -118,12 +115,7 @@ FEW = settings(QUICK, max_examples=3)
 
 
 def checkers():
-    names = [n for n in exercises.__all__ if n.startswith("ch")]
-    marks = {
-        n: pytest.mark.xfail(strict=False, reason="hosts.py is being rewritten; see issue 29")
-        for n in HOSTS
-    }
-    return [pytest.param(n, marks=marks.get(n, ())) for n in names]
+    return [n for n in exercises.__all__ if n.startswith("ch")]
 
 
 def judged_in_one_sentence(verdict):

@@ -11,7 +11,10 @@ from book.exercises.core import (
     answered,
     checker,
     fresh_source,
+    function,
     need,
+    number,
+    number_returned,
 )
 
 # Chapter 11: the reader's function runs in every process of a multi-process launch --------
@@ -226,19 +229,11 @@ def matmul_intensity(m, k, n, itemsize=4) -> float:
 @checker
 def ch12_intensity(intensity):
     """Exercise 12.1: FLOPs per byte of an ``(m, k) @ (k, n)`` float32 product, as XLA counts."""
-    need(
-        callable(intensity),
-        f"Not answered yet: pass a function, not a {type(intensity).__name__}.",
-    )
+    function(intensity, "intensity", INTENSITY_SHAPES[0], "(m, k, n)")
     found = []
     for m, k, n in INTENSITY_SHAPES:
         real = matmul_intensity(m, k, n)
-        got = intensity(m, k, n)
-        answered(got, "intensity returns nothing yet; return the FLOPs divided by the bytes")
-        need(
-            isinstance(got, (int, float, np.number)),
-            f"intensity returned a {type(got).__name__}; return a number.",
-        )
+        got = number_returned(intensity(m, k, n), "intensity", "the FLOPs divided by the bytes")
         product = f"({m}, {k}) @ ({k}, {n})"
         wrong = {
             real / 2: "that is half XLA's count: a multiply-add is 2 FLOPs, as "
@@ -369,18 +364,14 @@ def _on_simulated_clock(timer, **stand_in):
     f = _StandIn(clock, **stand_in)
     with _simulated_time(clock, timer):
         result = timer(f, np.zeros(4, np.float32))
-    answered(result, "seconds_per_call returns nothing yet; return a number of seconds")
-    need(f.calls > 0, "seconds_per_call never calls f; time calls of f(*args).")
-    need(
-        isinstance(result, (int, float, np.number)),
-        f"seconds_per_call returned a {type(result).__name__}; return a number of seconds.",
-    )
+    need(result is None or f.calls > 0, "seconds_per_call never calls f; time calls of f(*args).")
+    result = number_returned(result, "seconds_per_call", "a number of seconds")
     need(
         clock.reads > 0,
         "seconds_per_call reads no clock the checker can follow; time each call with "
         "time.perf_counter().",
     )
-    return float(result), f
+    return result, f
 
 
 @checker
@@ -395,10 +386,7 @@ def ch12_timer(seconds_per_call):
     """
     from book.timing import format_seconds
 
-    need(
-        callable(seconds_per_call),
-        f"Not answered yet: pass a function, not a {type(seconds_per_call).__name__}.",
-    )
+    function(seconds_per_call, "seconds_per_call", (_StandIn, np.zeros(4)), "(f, *args)")
     work = _StandIn.WORK
     per_call = work + _StandIn.DISPATCH  # from the call until its result is ready
     said, f = _on_simulated_clock(seconds_per_call)
@@ -448,10 +436,7 @@ def ch12_dp_tp_bytes(sent_per_device):
     from book.lessons.data_parallel import sizes as chapter_sizes
 
     answered(sent_per_device, "set sent_per_device to a number of bytes")
-    need(
-        isinstance(sent_per_device, (int, float, np.number)),
-        f"sent_per_device is a {type(sent_per_device).__name__}; give a number of bytes.",
-    )
+    sent_per_device = number(sent_per_device, "sent_per_device", "a number of bytes")
     sizes = chapter_sizes._replace(batch=512)
     real = strategies.analyze("DP x TP", (2, 4), sizes).sent_bytes
     split = models.param_count(sizes) - sizes.classes  # all but b2, which TP keeps whole
