@@ -18,7 +18,8 @@ from book.errors import ReaderError
 from book.multihost import Outputs, WorkerError, launch
 
 # A worker that records its pid, then does what the plan says for its process index: "sleep",
-# "crash" or "exit". With "child" anywhere in the plan, every worker first starts a child.
+# "crash" or "exit". With "child" anywhere in the plan, every worker first starts a child; with
+# "daemon", a grandchild in a session of its own whose parent has exited (a double fork).
 SLEEPER = textwrap.dedent(
     """
     import os, subprocess, sys, time
@@ -27,11 +28,21 @@ SLEEPER = textwrap.dedent(
     pids = [os.getpid()]
     if "child" in plan:
         pids.append(subprocess.Popen(["sleep", "300"]).pid)
+    if "daemon" in plan:
+        read, write = os.pipe()
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.write(write, str(os.getpid()).encode())
+                os.execvp("sleep", ["sleep", "300"])  # its command line names no folder
+            os._exit(0)
+        os.close(write)
+        pids.append(int(os.read(read, 32)))
     with open(os.path.join(folder, f"pids.{me}.tmp"), "w") as f:
         f.write(" ".join(map(str, pids)))
     os.rename(os.path.join(folder, f"pids.{me}.tmp"), os.path.join(folder, f"pids.{me}"))
     print(f"worker {me} started", flush=True)
-    action = plan[me] if me < len(plan) and plan[me] != "child" else "sleep"
+    action = plan[me] if me < len(plan) and plan[me] not in ("child", "daemon") else "sleep"
     if action == "crash":
         time.sleep(0.3)
         raise ValueError(f"worker {me} cannot go on")
@@ -218,6 +229,15 @@ def test_a_hang_is_killed_at_the_timeout_with_its_siblings(sleeper, tmp_path):
     assert "worker 1 started" in str(caught.value)
     pids = recorded_pids(tmp_path)
     assert len(pids) == 4  # two workers and their children
+    assert_nothing_left(tmp_path, pids)
+
+
+def test_a_daemon_that_left_its_session_ends_with_the_launch(sleeper, tmp_path):
+    # Each worker double-forks a daemon; process 0 then exits, process 1 hangs until killed.
+    with pytest.raises(WorkerError):
+        launch(sleeper, num_processes=2, timeout=3, args=[tmp_path, "exit", "daemon"])
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 4  # two workers and their daemons
     assert_nothing_left(tmp_path, pids)
 
 
