@@ -43,6 +43,12 @@ _LABEL = re.compile(r"^(\d+): ?(.*)$")
 # worker waits in its first collective, between two lines it prints: a line made only of
 # the notice's words and numbers is made of those pieces.
 _NOTICE_WORDS = set("[Gloo] Rank is connected to peer ranks. Expected number of ranks :".split())
+# The pieces, and their numbers, that a flush of native output can leave before a line a task
+# printed, when it came while another thread was halfway through its notice.
+_LEADING_PIECES = re.compile(
+    r"(?:\[Gloo\] Rank|is connected to|peer ranks\.|Expected number of connected peer ranks is :"
+    r"|\d+|\s+)+"
+)
 
 
 class SlurmError(ReaderError, RuntimeError):
@@ -233,9 +239,18 @@ def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
             lines[int(found.group(1))].append(found.group(2))
     texts = []
     for task in lines:
-        kept = [line for line in task if line.strip() and not _notice(line)]
+        kept = [_without_leading_pieces(line) for line in task]
+        kept = [line for line in kept if line.strip() and not _notice(line)]
         texts.append("".join(line + "\n" for line in kept))
     return Outputs(texts, script)
+
+
+def _without_leading_pieces(line: str) -> str:
+    """A line without the pieces of Gloo's notices it starts with (numbers alone are kept)."""
+    found = _LEADING_PIECES.match(line)
+    if found and re.search(r"[A-Za-z]", found.group(0)):
+        return line[found.end() :]
+    return line
 
 
 def _notice(line: str) -> bool:

@@ -211,7 +211,7 @@ def test_the_cpu_twin_asks_for_the_local_cluster_and_runs_the_same_worker():
     assert directives["nodes"] == "2" and directives["ntasks-per-node"] == "1"
     assert directives["job-name"].startswith("ch11-")
     assert directives["output"] == "%x-%j.out" and "time" in directives
-    assert directives["error"] == "%x-%j.err"  # the tasks' lines apart from Gloo's notices
+    assert directives["error"] == "%x-%j.err"  # errors apart from what the tasks print
     assert "gpus-per-task" not in directives
     twin = commands(text)
     exports = [word for line in twin if line[0] == "export" for word in line[1:]]

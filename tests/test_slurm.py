@@ -53,8 +53,10 @@ def test_tasks_splits_labelled_output_and_drops_notices_and_slurm_lines():
     text += "1: 7\n"
     text += "0: [Gloo] Rank 0 is connected to 3[Gloo] Rank 3 peer ranks.  is connected to "
     text += "Expected number of connected peer ranks is : 33 peer ranks. \n"
+    # A flush that ended halfway through a notice, then a line the task printed.
+    text += "1: [Gloo] Rank 1 is connected to 1 peer ranks. [Gloo] Rank 1total: 4\n"
     outputs = book.slurm.tasks(text, 2, "w.py")
-    assert list(outputs) == ["process_index: 0\n", "process_index: 1\nsum: 3\n"]
+    assert list(outputs) == ["process_index: 0\n", "process_index: 1\nsum: 3\ntotal: 4\n"]
     assert outputs.script == "w.py"
     assert book.slurm.tasks("", 2) == ["", ""]
 
