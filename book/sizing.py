@@ -728,7 +728,8 @@ def serve(
     TP and SP send in ``compute_dtype``. A step reads every weight a device uses (under FSDP,
     the gathered layer; the embedding's table is looked up, not read) and the whole cache it
     holds. Per decoded token, TP all-reduces the stream twice a layer, and once for the
-    embedding lookup, and gathers the logits; SP all-reduces, per layer, each head's softmax
+    embedding lookup, and gathers each device's best logit and its (int32) index to pick the
+    greedy token; SP all-reduces, per layer, each head's softmax
     maximum and sum and its partial attention output; FSDP gathers each layer's weights and,
     once, the unembedding.
     """
@@ -804,8 +805,9 @@ def serve(
 
     add("tp", "all-reduce", "residual stream", stream, 2 * model.layers)
     add("tp", "all-reduce", "embedding lookup", stream, 1, False)
-    vocab_local = math.ceil(model.vocab / layout["tp"])
-    add("tp", "all-gather", "logits", local_batch * vocab_local * layout["tp"] * act, 1, False)
+    # The greedy pick over a vocabulary split by TP: each device's best logit and its index.
+    best = local_batch * layout["tp"] * (act + 4)
+    add("tp", "all-gather", "each device's best logit and its index", best, 1, False)
     stats = local_batch * heads_local * act
     add("sp", "all-reduce", "softmax maximum and sum", stats, 2 * model.layers)
     add("sp", "all-reduce", "partial attention output", stats * model.head_dim, model.layers)
