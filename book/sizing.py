@@ -737,7 +737,10 @@ def serve(
     layout = {k: _whole(v, k) for k, v in zip(SERVE_KINDS, (dp, fsdp, sp, tp))}
     batch = _whole(batch, "batch")
     context = validate.whole(
-        context, "context", high=2**20, too_large="longer than any model here reads",
+        context,
+        "context",
+        high=2**20,
+        too_large="longer than any model here reads",
         error=SizingError,
     )
     dtypes = {

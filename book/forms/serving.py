@@ -74,9 +74,7 @@ def render_serving(model: str, hardware: str, layout: str, chips, batch) -> str:
 def _answer(*typed) -> str:
     try:
         c = check_serving(*typed)
-        p = sizing.serve(
-            sizing.PRESETS[c.model], batch=c.batch, context=CONTEXT, **dict(c.degrees)
-        )
+        p = sizing.serve(sizing.PRESETS[c.model], batch=c.batch, context=CONTEXT, **dict(c.degrees))
     except sizing.SizingError as err:
         return display.error_html(str(err))
     return _body(c, p, sizing.HARDWARE[c.hardware])
@@ -94,15 +92,25 @@ def _body(c: Choice, p: sizing.ServePlan, hw: sizing.Hardware) -> str:
     )
     memory = display.table(
         ["weights", "cache", "total", "HBM"],
-        [[f"{p.memory[k] / _GIB:.1f}" for k in ("params", "cache", "total")]
-         + [f"{hw.hbm_bytes / _GIB:.1f}"]],
+        [
+            [f"{p.memory[k] / _GIB:.1f}" for k in ("params", "cache", "total")]
+            + [f"{hw.hbm_bytes / _GIB:.1f}"]
+        ],
         title="GiB per chip (book.sizing.serve)",
     )
     comm = max(s.comm.values())
     times = display.table(
         ["compute", "memory", "communication", "bound", "tokens/s per user", "per chip"],
-        [[f"{1e3 * s.compute:.2f}", f"{1e3 * s.memory:.2f}", f"{1e3 * comm:.2f}",
-          f"{1e3 * s.bound:.2f}", f"{s.per_user:,.0f}", f"{s.per_chip:,.0f}"]],
+        [
+            [
+                f"{1e3 * s.compute:.2f}",
+                f"{1e3 * s.memory:.2f}",
+                f"{1e3 * comm:.2f}",
+                f"{1e3 * s.bound:.2f}",
+                f"{s.per_user:,.0f}",
+                f"{s.per_chip:,.0f}",
+            ]
+        ],
         title="Milliseconds per decode step at peak FLOP/s and bandwidths (published figures)",
     )
     return head + memory.html + times.html

@@ -16,10 +16,10 @@ import math
 from book import cost, hlo, sizing
 from book.layouts import mesh_axes
 from book.lessons.planning import small_model
-from book.lessons.transformer import loop_trips
+from book.lessons.transformer import loop_trips  # noqa: F811 (the module's own import)
 
 
-CACHE = ("layers", "batch", "context", "heads", None)  # keys, and values, of every layer
+CACHE = ("layers", "batch", "context", "heads", None)  # keys, and values, by layer
 
 
 def cached_attention(x, p, k_cache, v_cache, pos, cfg, layout):
@@ -36,7 +36,9 @@ def cached_attention(x, p, k_cache, v_cache, pos, cfg, layout):
     # The token at pos + i sees cached positions up to its own; the rest are empty.
     seen = jnp.arange(k_cache.shape[1]) <= pos + jnp.arange(x.shape[1])[:, None]
     weights = jax.nn.softmax(jnp.where(seen, scores, -jnp.inf), axis=-1)
-    context = constrain(jnp.einsum("bkgqs,bskh->bqkgh", weights, v_cache), heads, layout)
+    context = constrain(
+        jnp.einsum("bkgqs,bskh->bqkgh", weights, v_cache), heads, layout
+    )
     return jnp.einsum("bqkgh,kghd->bqd", context, p["wo"]), k_cache, v_cache
 
 
@@ -49,7 +51,9 @@ def forward_cached(params, tokens, cache, pos, cfg, layout=None):
             rms_norm(x, p["attn_norm"]), p, k, v, pos, cfg, layout
         )
         x = x + constrain(attn, STREAM, layout)
-        h = jax.nn.gelu(jnp.einsum("bsd,df->bsf", rms_norm(x, p["mlp_norm"]), p["w_in"]))
+        h = jax.nn.gelu(
+            jnp.einsum("bsd,df->bsf", rms_norm(x, p["mlp_norm"]), p["w_in"])
+        )
         h = constrain(h, ("batch", None, "mlp"), layout)
         x = x + constrain(jnp.einsum("bsf,fd->bsd", h, p["w_out"]), STREAM, layout)
         return x, (k, v)
@@ -65,7 +69,9 @@ def prefill(params, prompts, length, cfg, layout=None):
     """Fill a cache of `length` positions with the prompts; greedy first tokens."""
     shape = (cfg.n_layers, prompts.shape[0], length, cfg.n_kv_heads, cfg.d_head)
     empty = constrain(jnp.zeros(shape, params["embed"].dtype), CACHE, layout)
-    logits, cache = forward_cached(params, prompts, {"k": empty, "v": empty}, 0, cfg, layout)
+    logits, cache = forward_cached(
+        params, prompts, {"k": empty, "v": empty}, 0, cfg, layout
+    )
     return jnp.argmax(logits, axis=-1).astype(prompts.dtype), cache
 
 
