@@ -102,13 +102,13 @@ def test_a_chip_without_bandwidth_is_refused():
 
 def test_the_form_answers_every_choice_without_raising():
     good = serving_form.render_serving("Llama 3 8B", "H100", "TP", "8", "32")
-    assert "bk-error" not in good and "tokens/s per user" in good
+    assert "bk-viz bk-error" not in good and "tokens/s per user" in good
     for bad in [
         ("Llama 3 8B", "H100", "DP x TP", "12", "8"),
         ("Llama 9", "H100", "TP", "8", "8"),
         ("Llama 3 8B", "H100", "TP", "8", "many"),
     ]:
-        assert "bk-error" in serving_form.render_serving(*bad)
+        assert "bk-viz bk-error" in serving_form.render_serving(*bad)
     assert "class='bk-data'" in serving_form.static_serving_explorer()
 
 
