@@ -192,11 +192,14 @@ class Hardware:
     slow: Link
     domain: int
     source: str
+    hbm_bandwidth: float | None = None  # bytes per second between HBM and the cores
 
     def __post_init__(self):
         validate.text(self.name, "a chip's name", example="'H100 SXM'", error=SizingError)
         _number(self.peak_flops, "A chip's peak FLOP/s", "989e12")
         _number(self.hbm_bytes, "A chip's HBM (bytes)", "80e9")
+        if self.hbm_bandwidth is not None:
+            _number(self.hbm_bandwidth, "A chip's HBM bandwidth (bytes per second)", "3.35e12")
         for which in ("fast", "slow"):
             if not isinstance(getattr(self, which), Link):
                 raise SizingError(
@@ -211,7 +214,7 @@ class Hardware:
         )
 
 
-def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits):
+def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits, hbm_bandwidth):
     """A TPU: its ICI shared by its ports, its slice's DCN bandwidth shared by its chips."""
     ici = Link(
         "ICI",
@@ -228,10 +231,10 @@ def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits):
         f"{page} (data-center network bandwidth, per chip of a {domain}-chip slice); hop "
         "latency assumed (10 µs), not published",
     )
-    return Hardware(name, tflops * 1e12, hbm, ici, dcn, domain, page)
+    return Hardware(name, tflops * 1e12, hbm, ici, dcn, domain, page, hbm_bandwidth)
 
 
-def _gpu(name, page, hbm):
+def _gpu(name, page, hbm, hbm_bandwidth):
     """An NVIDIA GPU, the SXM part, on an 8-GPU HGX board: NVLink within it, InfiniBand beyond."""
     nvlink = Link(
         "NVLink",
@@ -252,16 +255,25 @@ def _gpu(name, page, hbm):
         "its ring LL protocol, the smallest of its ring protocols (Simple: 14 µs), in "
         "src/graph/tuning.cc at 5067397 (https://github.com/NVIDIA/nccl)",
     )
-    return Hardware(name, 989e12, hbm, nvlink, infiniband, 8, page)
+    return Hardware(name, 989e12, hbm, nvlink, infiniband, 8, page, hbm_bandwidth)
 
 
 # Published figures, not measured here: per chip, dense bfloat16 FLOP/s and HBM bytes; per
 # link kind, the bytes per second one chip sends along one mesh axis and a hop's latency.
-# HBM as the vendors' pages write it, in GB, read as 10**9 bytes (the smaller reading of GB).
+# HBM as the vendors' pages write it, in GB, read as 10**9 bytes (the smaller reading of GB);
+# HBM bandwidth likewise, GB/s or TB/s read as 10**9 or 10**12 bytes per second.
 # "H100" and "H200" are the SXM parts of NVIDIA's HGX boards, whose figures these are.
 HARDWARE = {
     "TPU v5e": _tpu(
-        "TPU v5e", "https://cloud.google.com/tpu/docs/v5e", 197, 16e9, 400e9, 4, 256, 6.4e12
+        "TPU v5e",
+        "https://cloud.google.com/tpu/docs/v5e",
+        197,
+        16e9,
+        400e9,
+        4,
+        256,
+        6.4e12,
+        819e9,
     ),
     "TPU v5p": _tpu(
         "TPU v5p",
@@ -272,12 +284,21 @@ HARDWARE = {
         6,
         6144,
         6144 * 50e9,  # 50 Gb/s per chip
+        2765e9,
     ),
     "TPU v6e": _tpu(
-        "TPU v6e", "https://cloud.google.com/tpu/docs/v6e", 918, 32e9, 800e9, 4, 256, 25.6e12
+        "TPU v6e",
+        "https://cloud.google.com/tpu/docs/v6e",
+        918,
+        32e9,
+        800e9,
+        4,
+        256,
+        25.6e12,
+        1640e9,
     ),
-    "H100": _gpu("H100", "https://www.nvidia.com/en-us/data-center/h100/", 80e9),
-    "H200": _gpu("H200", "https://www.nvidia.com/en-us/data-center/h200/", 141e9),
+    "H100": _gpu("H100", "https://www.nvidia.com/en-us/data-center/h100/", 80e9, 3.35e12),
+    "H200": _gpu("H200", "https://www.nvidia.com/en-us/data-center/h200/", 141e9, 4.8e12),
 }
 
 
@@ -578,3 +599,243 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
         per_token = (6 * d + 4 + attention + 5 * ff) * act
     vocab = math.ceil(m.vocab / tp)
     return tokens * (layers * per_token + (4 * stream + vocab) * act)
+
+
+# Serving (chapter 20): the KV cache, and a decode step's time bound.
+
+SERVE_DTYPE_BYTES = {**DTYPE_BYTES, "int8": 1}
+SERVE_KINDS = ("dp", "fsdp", "sp", "tp")
+# Axes from the innermost outwards, as for training: TP on the fastest links, then the cache's
+# sequence, FSDP and DP.
+SERVE_INNER_TO_OUTER = ("tp", "sp", "fsdp", "dp")
+
+
+def kv_cache_bytes(model: Transformer, tokens: int, dtype: str = "bfloat16") -> int:
+    """Bytes of the KV cache for ``tokens`` tokens: a key and a value per K/V head and layer.
+
+    Llama 3 70B in int8 holds 163,840 bytes a token (the scaling book's "160kB").
+    """
+    _check_model(model)
+    tokens = _whole(tokens, "tokens")
+    dtype = validate.choice(dtype, list(SERVE_DTYPE_BYTES), "a cache dtype", error=SizingError)
+    per_token = 2 * model.layers * model.kv_heads * model.head_dim
+    return per_token * tokens * SERVE_DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True)
+class DecodeSeconds:
+    """A decode step's time on some hardware, in seconds, at peak FLOP/s and bandwidths.
+
+    ``compute`` is the step's FLOPs per device over the chip's peak; ``memory`` the bytes each
+    device reads from HBM (its weights and its part of the cache) over HBM bandwidth; ``comm``
+    each kind's collectives on its link. ``bound`` is the longest of them: the step at best,
+    everything overlapped. ``per_user`` is tokens per second each sequence gets (one token per
+    step), ``per_chip`` the tokens per second of the whole batch over the chips.
+    """
+
+    compute: float
+    memory: float
+    comm: dict
+    links: dict
+    bound: float
+    per_user: float
+    per_chip: float
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """Memory per device (bytes), bytes read and FLOPs per decode step, and what it sends."""
+
+    model: Transformer
+    layout: dict
+    batch: int
+    context: int
+    conventions: dict
+    memory: dict
+    read: dict
+    flops: float
+    comm: dict
+    collectives: tuple = field(repr=False)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.layout.values())
+
+    def links(self, hardware: Hardware) -> dict:
+        """Which link each kind's axis runs over, filling the fast domain from the inside."""
+        inside, out = 1, {}
+        for kind in SERVE_INNER_TO_OUTER:
+            inside *= self.layout[kind]
+            out[kind] = hardware.fast if inside <= hardware.domain else hardware.slow
+        return out
+
+    def decode_seconds(self, hardware) -> DecodeSeconds:
+        """The decode step's compute, memory and communication times, and its bound."""
+        hardware = _hardware(hardware)
+        links = self.links(hardware)
+        comm = dict.fromkeys(SERVE_KINDS, 0.0)
+        for c in self.collectives:
+            link = links[c.kind]
+            steps = cost.ring_steps(c.op, c.n)
+            one = cost.collective_seconds(c.sent, steps, link.bandwidth, link.hop_latency)
+            comm[c.kind] += c.count * one
+        compute = self.flops / hardware.peak_flops
+        memory = (self.read["weights"] + self.read["cache"]) / hardware.hbm_bandwidth
+        bound = max(compute, memory, *comm.values())
+        kinds = {k: links[k].name for k in SERVE_KINDS}
+        per_chip = self.batch / (bound * self.devices)
+        return DecodeSeconds(compute, memory, comm, kinds, bound, 1 / bound, per_chip)
+
+
+def _hardware(hardware) -> Hardware:
+    if isinstance(hardware, str) and hardware in HARDWARE:
+        hardware = HARDWARE[hardware]
+    if not isinstance(hardware, Hardware):
+        names = ", ".join(HARDWARE)
+        raise SizingError(
+            f"Pass one of book.sizing.HARDWARE ({names}) or its name, not "
+            f"{validate.describe(hardware)}."
+        )
+    if hardware.hbm_bandwidth is None:
+        raise SizingError(
+            f"{hardware.name} has no HBM bandwidth; give its Hardware an hbm_bandwidth."
+        )
+    return hardware
+
+
+def serve(
+    model: Transformer,
+    *,
+    batch: int,
+    context: int,
+    dp: int = 1,
+    fsdp: int = 1,
+    sp: int = 1,
+    tp: int = 1,
+    param_dtype: str = "bfloat16",
+    cache_dtype: str = "bfloat16",
+    compute_dtype: str = "bfloat16",
+) -> ServePlan:
+    """Memory, bytes read, FLOPs and communication per device of one decode step.
+
+    ``batch`` sequences each add one token to a cache of ``context`` tokens. The layouts are
+    chapter 20's: ``dp`` splits the batch and its cache, weights replicated; ``fsdp`` splits
+    the batch and the weights' ``d_model``, gathering each layer's weights at every step;
+    ``sp`` splits the cache by its positions, batch and weights replicated; ``tp`` splits the
+    K/V heads (and with them the cache), the MLP and the vocabulary, as chapter 13.
+
+    Conventions: weights in ``param_dtype``, the cache in ``cache_dtype``, activations and what
+    TP and SP send in ``compute_dtype``. A step reads every weight a device uses (under FSDP,
+    the gathered layer; the embedding's table is looked up, not read) and the whole cache it
+    holds. Per decoded token, TP all-reduces the stream twice a layer, and once for the
+    embedding lookup, and gathers each device's best logit and its (int32) index to pick the
+    greedy token; SP all-reduces, per layer, each head's softmax
+    maximum and sum and its partial attention output; FSDP gathers each layer's weights and,
+    once, the unembedding.
+    """
+    _check_model(model)
+    layout = {k: _whole(v, k) for k, v in zip(SERVE_KINDS, (dp, fsdp, sp, tp))}
+    batch = _whole(batch, "batch")
+    context = validate.whole(
+        context,
+        "context",
+        high=2**20,
+        too_large="longer than any model here reads",
+        error=SizingError,
+    )
+    dtypes = {
+        name: validate.choice(
+            value, list(SERVE_DTYPE_BYTES), f"a {name.replace('_', ' ')}", error=SizingError
+        )
+        for name, value in (
+            ("param_dtype", param_dtype),
+            ("cache_dtype", cache_dtype),
+            ("compute_dtype", compute_dtype),
+        )
+    }
+    if math.prod(layout.values()) > validate.MAX_DEVICES:
+        raise SizingError(
+            f"The layout needs {math.prod(layout.values()):,} devices; use at most "
+            f"{validate.MAX_DEVICES:,}."
+        )
+    split = layout["dp"] * layout["fsdp"]
+    if batch % split:
+        raise SizingError(
+            f"A batch of {batch} sequences does not split evenly over dp x fsdp = {split}; "
+            f"choose a multiple of {split}."
+        )
+    if layout["tp"] > model.kv_heads:
+        raise SizingError(
+            f"tp={layout['tp']} is more than the model's {model.kv_heads} K/V heads, by which TP "
+            f"splits the cache; choose a tp of at most {model.kv_heads}."
+        )
+    if context % layout["sp"]:
+        raise SizingError(
+            f"A context of {context} tokens does not split evenly over sp={layout['sp']}; "
+            f"choose a multiple of {layout['sp']}."
+        )
+    b = {k: SERVE_DTYPE_BYTES[v] for k, v in dtypes.items()}
+    arrays = _arrays(model)
+    degree = {"fsdp": layout["fsdp"], "tp": layout["tp"]}
+    held = sum(
+        _held(*a, degree) * (model.layers if n.startswith("layer.") else 1)
+        for n, a in arrays.items()
+    )
+    per_layer = {n: _held(*a, {**degree, "fsdp": 1}) for n, a in arrays.items()}
+    layer_tp = sum(v for n, v in per_layer.items() if n.startswith("layer."))
+    read = model.layers * layer_tp + per_layer["final_norm"] + per_layer["unembed"]
+
+    local_batch = batch // split
+    kv_local = math.ceil(model.kv_heads / layout["tp"])
+    heads_local = kv_local * (model.heads // model.kv_heads)
+    cache = (
+        2 * model.layers * local_batch * (context // layout["sp"]) * kv_local * model.head_dim
+    ) * b["cache_dtype"]
+    memory = {"params": held * b["param_dtype"], "cache": cache}
+    memory["total"] = sum(memory.values())
+
+    collectives = []
+    act = b["compute_dtype"]
+    stream = local_batch * model.d_model * act
+
+    def add(kind, op, what, nbytes, count, in_layers=True):
+        n = layout[kind]
+        if n > 1 and count:
+            formula = {"all-gather": cost.all_gather_bytes, "all-reduce": cost.all_reduce_bytes}
+            collectives.append(
+                Collective(kind, op, what, formula[op](nbytes, n), count, n, in_layers)
+            )
+
+    add("tp", "all-reduce", "residual stream", stream, 2 * model.layers)
+    add("tp", "all-reduce", "embedding lookup", stream, 1, False)
+    # The greedy pick over a vocabulary split by TP: each device's best logit and its index.
+    best = local_batch * layout["tp"] * (act + 4)
+    add("tp", "all-gather", "each device's best logit and its index", best, 1, False)
+    stats = local_batch * heads_local * act
+    add("sp", "all-reduce", "softmax maximum and sum", stats, 2 * model.layers)
+    add("sp", "all-reduce", "partial attention output", stats * model.head_dim, model.layers)
+    add("fsdp", "all-gather", "a layer's weights", layer_tp * b["param_dtype"], model.layers)
+    unembed = per_layer["unembed"] * b["param_dtype"]
+    add("fsdp", "all-gather", "the unembedding", unembed, 1, False)
+    comm = dict.fromkeys(SERVE_KINDS, 0.0)
+    for c in collectives:
+        comm[c.kind] += c.sent * c.count
+
+    # FLOPs per device: the matmuls for its sequences with its share of the weights, and
+    # attention over its share of the cache (a query against each key, a weight on each value).
+    matmul_params = param_count(model) - model.vocab * model.d_model
+    matmuls = 2 * matmul_params / layout["tp"] * local_batch
+    attention = 4 * model.layers * heads_local * model.head_dim * local_batch
+    flops = matmuls + attention * context / layout["sp"]
+    return ServePlan(
+        model,
+        layout,
+        batch,
+        context,
+        dtypes,
+        memory,
+        {"weights": read * b["param_dtype"], "cache": cache},
+        flops,
+        comm,
+        tuple(collectives),
+    )

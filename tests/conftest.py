@@ -34,6 +34,7 @@ FORM_PAGES = (
     "09_tensor_parallelism",
     "13_transformer_3d",
     "18_planning_a_real_run",
+    "20_serving",
 )
 
 book.devices.setup(8)

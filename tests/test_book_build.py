@@ -115,6 +115,10 @@ RESULTS = {
         "4 layouts compiled and planned: every check holds",
         "5 pipelines compiled and planned: every check holds",
     ],
+    "20_serving": [
+        "every layout: the tokens of one device, token for token",
+        "FLOPs per byte an H100 does at peak",
+    ],
     "19_a_training_run": [
         "1 collective, in the entry computation",
         "the losses up to step",
@@ -139,6 +143,8 @@ CAUGHT = {
     ],
     # train.py refusing a layout and a mesh it cannot run, in one sentence each
     "19_a_training_run": ["argument --layout: invalid choice", "must give each axis of DP"],
+    # book.sizing refusing a serving plan in one sentence, twice, in the form's HTML
+    "20_serving": ["is more than the model", "does not split evenly over dp x fsdp"],
 }
 
 COLLECTIVE_TITLES = [
@@ -232,6 +238,7 @@ PLOTS = {
     "17_profiling": 1,  # the timeline of one traced step, device by device
     "18_planning_a_real_run": 1,  # a step's bound against the number of chips
     "19_a_training_run": 2,  # the traced step's timeline, the two runs' losses
+    "20_serving": 2,  # the decode step's roofline, latency against throughput
 }
 
 

@@ -31,6 +31,7 @@ WITH_MATH = (
     "17_profiling",
     "18_planning_a_real_run",
     "19_a_training_run",
+    "20_serving",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
 

@@ -46,6 +46,7 @@ from book.exercises.manual import (
 from book.exercises.pipeline import ch14_in_flight, ch14_microbatches, ch14_stage_work
 from book.exercises.profiling import ch17_as_rate, ch17_collective_share, ch17_step_flops
 from book.exercises.running import ch19_best_interval, ch19_records_of
+from book.exercises.serving import ch20_largest_batch, ch20_tp_token_bytes
 from book.exercises.sizing import ch18_smallest_fsdp, ch18_tp_bytes
 from book.exercises.state import ch16_masked_mean_grads, ch16_restore_on
 from book.exercises.training import (
@@ -112,6 +113,8 @@ __all__ = [
     "ch18_tp_bytes",
     "ch19_best_interval",
     "ch19_records_of",
+    "ch20_largest_batch",
+    "ch20_tp_token_bytes",
     "INTENSITY_SHAPES",
     "Verdict",
     "matmul_intensity",

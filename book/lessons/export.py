@@ -23,6 +23,7 @@ LESSONS = {  # chapter notebook (without .ipynb) -> module under book/lessons/
     "13_transformer_3d": "transformer",
     "14_pipeline_parallelism": "pipeline",
     "18_planning_a_real_run": "planning",
+    "20_serving": "serving",
 }
 TAG = "export"
 

@@ -1,0 +1,132 @@
+"""Chapter 20: generation with a KV cache, book.sizing.serve, its form and its checkers."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from book import cost, exercises, sizing
+from book.forms import serving as serving_form
+from book.lessons import serving
+from book.lessons.transformer import Config, Layout, forward, init_params
+
+FAST = {"xla_backend_optimization_level": 0}
+CFG = Config()
+BATCH, PROMPT, NEW = 8, 8, 8
+
+
+def rejected(verdict, words):
+    assert not verdict.ok and words in verdict.message, verdict.message
+
+
+@pytest.fixture(scope="module")
+def case():
+    params = init_params(CFG)
+    prompts = np.random.default_rng(3).integers(0, CFG.vocab, (BATCH, PROMPT), np.int32)
+    seq = np.zeros((BATCH, PROMPT + NEW), np.int32)
+    seq[:, :PROMPT] = prompts
+    full = jax.jit(lambda p, t: forward(p, t, CFG))
+    for t in range(PROMPT, PROMPT + NEW):
+        seq[:, t] = np.argmax(full(params, seq)[:, t - 1], axis=-1)
+    return params, prompts, seq[:, PROMPT:]
+
+
+@pytest.mark.parametrize("name", ["KV heads (TP)", "sequence (SP)"])
+def test_a_sharded_cache_gives_the_tokens_and_the_plan(case, name):
+    params, prompts, reference = case
+    rules = serving.SERVING_RULES[name]
+    (axis,) = serving.mesh_axes(rules)
+    mesh = jax.make_mesh((8,), (axis,), axis_types=(AxisType.Auto,))
+    run_prefill, run_decode = serving.serving_programs(
+        CFG, Layout(mesh, rules), PROMPT + NEW, NEW - 1
+    )
+    run_prefill = run_prefill.lower(params, prompts).compile(FAST)
+    first, cache = run_prefill(params, prompts)
+    run_decode = run_decode.lower(params, first, cache, PROMPT).compile(FAST)
+    plan, _ = serving.check_serving(
+        CFG, name, run_prefill, run_decode, NEW - 1, params, cache
+    )  # asserts memory and per-token bytes against the compiled programs
+    rest, _ = run_decode(params, first, cache, PROMPT)
+    assert (np.column_stack([first, rest]) == reference).all()
+    assert plan.devices == 8
+
+
+def test_cache_bytes_and_the_scaling_books_step():
+    llama70 = sizing.PRESETS["Llama 3 70B"]
+    assert sizing.kv_cache_bytes(llama70, 1, "int8") == 2 * 8 * 128 * 80
+    p = sizing.serve(llama70, batch=32, context=8192, tp=8, param_dtype="int8", cache_dtype="int8")
+    s = p.decode_seconds("TPU v5e")
+    assert s.bound == s.memory and abs(s.bound - 0.017) < 5e-4 and abs(s.per_chip - 235) < 5
+    assert p.memory["cache"] == sizing.kv_cache_bytes(llama70, 32 * 8192, "int8") // 8
+
+
+def test_fsdp_gathers_every_layer_for_every_token():
+    llama8 = sizing.PRESETS["Llama 3 8B"]
+    fsdp = sizing.serve(llama8, batch=64, context=4096, fsdp=8).decode_seconds("H100")
+    tp = sizing.serve(llama8, batch=64, context=4096, tp=8).decode_seconds("H100")
+    assert fsdp.comm["fsdp"] > 10 * tp.comm["tp"]
+    assert fsdp.bound == fsdp.comm["fsdp"]
+
+
+def test_tp_layers_bytes_are_two_all_reduces_a_layer():
+    m = sizing.PRESETS["Llama 3 8B"]
+    p = sizing.serve(m, batch=16, context=1024, tp=4)
+    layers = sum(c.sent * c.count for c in p.collectives if c.in_layers)
+    assert layers == 2 * m.layers * cost.all_reduce_bytes(16 * m.d_model * 2, 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(batch=3, context=64, dp=2), "does not split evenly over dp x fsdp"),
+        (dict(batch=2, context=64, tp=16), "is more than the model's 8 K/V heads"),
+        (dict(batch=2, context=63, sp=2), "does not split evenly over sp=2"),
+        (dict(batch=2, context=64, param_dtype="int4"), "param dtype"),
+        (dict(batch=0, context=64), "batch"),
+    ],
+)
+def test_bad_plans_are_refused_in_one_sentence(kwargs, words):
+    with pytest.raises(sizing.SizingError, match=words):
+        sizing.serve(sizing.PRESETS["Llama 3 8B"], **kwargs)
+
+
+def test_a_chip_without_bandwidth_is_refused():
+    hw = sizing.HARDWARE["H100"]
+    bare = sizing.Hardware(hw.name, hw.peak_flops, hw.hbm_bytes, hw.fast, hw.slow, 8, "s")
+    p = sizing.serve(sizing.PRESETS["Llama 3 8B"], batch=1, context=64)
+    with pytest.raises(sizing.SizingError, match="has no HBM bandwidth"):
+        p.decode_seconds(bare)
+    with pytest.raises(sizing.SizingError, match="Pass one of"):
+        p.decode_seconds("B200")
+
+
+def test_the_form_answers_every_choice_without_raising():
+    good = serving_form.render_serving("Llama 3 8B", "H100", "TP", "8", "32")
+    assert "bk-viz bk-error" not in good and "tokens/s per user" in good
+    for bad in [
+        ("Llama 3 8B", "H100", "DP x TP", "12", "8"),
+        ("Llama 9", "H100", "TP", "8", "8"),
+        ("Llama 3 8B", "H100", "TP", "8", "many"),
+    ]:
+        assert "bk-viz bk-error" in serving_form.render_serving(*bad)
+    assert "class='bk-data'" in serving_form.static_serving_explorer()
+
+
+def test_checkers_accept_the_solutions_and_name_mistakes():
+    llama70, hbm = sizing.PRESETS["Llama 3 70B"], sizing.HARDWARE["H100"].hbm_bytes
+    batch = max(
+        b
+        for b in range(1, 200)
+        if sizing.serve(llama70, batch=b, context=8192, tp=8).memory["total"] <= hbm
+    )
+    plan = sizing.serve(llama70, batch=batch, context=8192, tp=8)
+    per_chip = plan.decode_seconds("H100").per_chip
+    assert exercises.ch20_largest_batch(batch, per_chip).ok
+    rejected(exercises.ch20_largest_batch(None, None), "Not answered yet")
+    rejected(exercises.ch20_largest_batch(batch + 1, per_chip), "more than an H100's")
+    rejected(exercises.ch20_largest_batch(batch - 1, per_chip), "find the largest")
+    rejected(exercises.ch20_largest_batch(batch, 2 * per_chip), "per_chip")
+    right = 2 * CFG.n_layers * cost.all_reduce_bytes(8 * CFG.d_model * 4, 8)
+    assert exercises.ch20_tp_token_bytes(right).ok
+    rejected(exercises.ch20_tp_token_bytes(2 * right), "training step's four")
+    rejected(exercises.ch20_tp_token_bytes(None), "Not answered yet")
