@@ -93,11 +93,13 @@ def test_plain_accumulation_reduces_the_gradients_in_every_microbatch():
 
 
 @pytest.mark.slow
-def test_every_layout_of_the_flag_trains_to_the_same_losses(train_py, tmp_path, monkeypatch):
+def test_every_layout_of_the_flag_resumes_to_the_same_losses(train_py, tmp_path, monkeypatch):
     """train.py's --layout takes each of chapter 13's rules tables; run as one process here,
-    on this test run's 8 devices, two steps of each give DP's losses within bfloat16's
+    on this test run's 8 devices. DP draws the parameters and saves step 1; each layout
+    restores that checkpoint onto its own mesh and gives DP's loss at step 2 within bfloat16's
     precision, as the chapter's restart onto FSDP x TP did."""
     import importlib.util
+    import shutil
 
     import numpy as np
 
@@ -106,13 +108,20 @@ def test_every_layout_of_the_flag_trains_to_the_same_losses(train_py, tmp_path, 
     spec.loader.exec_module(train)
     monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
     monkeypatch.delenv("SLURM_STEP_NODELIST", raising=False)
-    losses = {}
-    for layout, mesh in [("DP", "8"), ("FSDP", "8"), ("TP", "8"), ("FSDP x TP", "4x2")]:
-        logs = tmp_path / layout.replace(" ", "")
-        flags = ["--steps", "2", "--checkpoint-dir", logs / "c", "--log-dir", logs / "log"]
-        flags += ["--layout", layout, "--mesh", mesh]
+
+    def run(layout, mesh, every):
+        folder = tmp_path / layout.replace(" ", "")
+        flags = ["--steps", "2", "--checkpoint-every", every, "--layout", layout]
+        flags += ["--mesh", mesh, "--checkpoint-dir", folder / "c", "--log-dir", folder / "log"]
         train.main(train.parser.parse_args([str(f) for f in flags]))
-        lines = (logs / "log" / "0-of-1.jsonl").read_text().splitlines()
-        losses[layout] = [json.loads(line)["loss"] for line in lines]
-    for layout, found in losses.items():
-        np.testing.assert_allclose(found, losses["DP"], rtol=2**-8, err_msg=layout)
+        lines = (folder / "log" / "0-of-1.jsonl").read_text().splitlines()
+        return {json.loads(line)["step"]: json.loads(line)["loss"] for line in lines}
+
+    reference = run("DP", "8", 1)  # saves steps 1 and 2
+    assert sorted(reference) == [1, 2]
+    for layout, mesh in [("FSDP", "8"), ("TP", "8"), ("FSDP x TP", "4x2")]:
+        folder = tmp_path / layout.replace(" ", "")
+        shutil.copytree(tmp_path / "DP" / "c" / "1", folder / "c" / "1")
+        resumed = run(layout, mesh, 8)
+        assert sorted(resumed) == [2], layout  # from the checkpoint of step 1
+        np.testing.assert_allclose(resumed[2], reference[2], rtol=2**-8, err_msg=layout)
