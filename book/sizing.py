@@ -214,14 +214,17 @@ class Hardware:
         )
 
 
-def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits, hbm_bandwidth):
+def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits, hbm_bandwidth, note):
     """A TPU: its ICI shared by its ports, its slice's DCN bandwidth shared by its chips."""
     ici = Link(
         "ICI",
         ici_total / ports,  # an axis's ring uses two of the ports, one way each
         1e-6,
-        f"{page} (bidirectional ICI per chip over its {ports} ports); hop latency assumed: "
-        "1 µs, the scaling book's 'typically around 1us' "
+        f"{page} (bidirectional ICI per chip over its {ports} ports: "
+        f"{ici_total / ports / 1e9:.0f} GB/s an axis; the scaling book's table of ICI "
+        "bandwidth per link, https://jax-ml.github.io/scaling-book/tpus/, gives "
+        f"{90 if name == 'TPU v5e' else 180} GB/s both ways, about a tenth less); hop "
+        "latency assumed: 1 µs, the scaling book's 'typically around 1us' "
         "(https://jax-ml.github.io/scaling-book/sharding/), not a published figure",
     )
     dcn = Link(
@@ -231,7 +234,8 @@ def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits, hb
         f"{page} (data-center network bandwidth, per chip of a {domain}-chip slice); hop "
         "latency assumed (10 µs), not published",
     )
-    return Hardware(name, tflops * 1e12, hbm, ici, dcn, domain, page, hbm_bandwidth)
+    source = f"{page} ({note})"
+    return Hardware(name, tflops * 1e12, hbm, ici, dcn, domain, source, hbm_bandwidth)
 
 
 def _gpu(name, page, hbm, hbm_bandwidth):
@@ -274,6 +278,9 @@ HARDWARE = {
         256,
         6.4e12,
         819e9,
+        "HBM bandwidth 819 GB/s, as the page's table of key chip specifications gives "
+        "it; another table of the same page says 800 GiB/s (859e9), and the scaling book "
+        "uses 8.1e11 (tpus.md); this uses 819e9",
     ),
     "TPU v5p": _tpu(
         "TPU v5p",
@@ -285,6 +292,8 @@ HARDWARE = {
         6144,
         6144 * 50e9,  # 50 Gb/s per chip
         2765e9,
+        "HBM 95 GB read as 95e9 bytes, the smaller reading; the scaling book's table "
+        "gives 96 GB (tpus.md)",
     ),
     "TPU v6e": _tpu(
         "TPU v6e",
@@ -296,6 +305,7 @@ HARDWARE = {
         256,
         25.6e12,
         1640e9,
+        "HBM and its bandwidth as the page's table gives them",
     ),
     "H100": _gpu("H100", "https://www.nvidia.com/en-us/data-center/h100/", 80e9, 3.35e12),
     "H200": _gpu("H200", "https://www.nvidia.com/en-us/data-center/h200/", 141e9, 4.8e12),
@@ -604,10 +614,10 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
 # Serving (chapter 20): the KV cache, and a decode step's time bound.
 
 SERVE_DTYPE_BYTES = {**DTYPE_BYTES, "int8": 1}
-SERVE_KINDS = ("dp", "fsdp", "sp", "tp")
+SERVE_KINDS = ("dp", "fsdp", "cp", "tp")
 # Axes from the innermost outwards, as for training: TP on the fastest links, then the cache's
-# sequence, FSDP and DP.
-SERVE_INNER_TO_OUTER = ("tp", "sp", "fsdp", "dp")
+# positions (context parallelism), FSDP and DP.
+SERVE_INNER_TO_OUTER = ("tp", "cp", "fsdp", "dp")
 
 
 def kv_cache_bytes(model: Transformer, tokens: int, dtype: str = "bfloat16") -> int:
@@ -629,8 +639,12 @@ class DecodeSeconds:
     ``compute`` is the step's FLOPs per device over the chip's peak; ``memory`` the bytes each
     device reads from HBM (its weights and its part of the cache) over HBM bandwidth; ``comm``
     each kind's collectives on its link. ``bound`` is the longest of them: the step at best,
-    everything overlapped. ``per_user`` is tokens per second each sequence gets (one token per
-    step), ``per_chip`` the tokens per second of the whole batch over the chips.
+    every collective hidden behind the reads. ``serial`` adds the collectives to the longer of
+    compute and memory: in decode each layer's all-reduce waits for that layer's matmuls and
+    the next layer waits for it, so little hides; it is the nearer figure when ``comm`` is not
+    small. Both leave out NCCL's fixed cost per collective and assume peak HBM bandwidth, which
+    servers reach only part of. ``per_user`` is tokens per second each sequence gets (one
+    token per ``bound``), ``per_chip`` the tokens per second of the whole batch over the chips.
     """
 
     compute: float
@@ -638,6 +652,7 @@ class DecodeSeconds:
     comm: dict
     links: dict
     bound: float
+    serial: float
     per_user: float
     per_chip: float
 
@@ -682,9 +697,10 @@ class ServePlan:
         compute = self.flops / hardware.peak_flops
         memory = (self.read["weights"] + self.read["cache"]) / hardware.hbm_bandwidth
         bound = max(compute, memory, *comm.values())
+        serial = max(compute, memory) + sum(comm.values())
         kinds = {k: links[k].name for k in SERVE_KINDS}
         per_chip = self.batch / (bound * self.devices)
-        return DecodeSeconds(compute, memory, comm, kinds, bound, 1 / bound, per_chip)
+        return DecodeSeconds(compute, memory, comm, kinds, bound, serial, 1 / bound, per_chip)
 
 
 def _hardware(hardware) -> Hardware:
@@ -710,7 +726,7 @@ def serve(
     context: int,
     dp: int = 1,
     fsdp: int = 1,
-    sp: int = 1,
+    cp: int = 1,
     tp: int = 1,
     param_dtype: str = "bfloat16",
     cache_dtype: str = "bfloat16",
@@ -721,20 +737,23 @@ def serve(
     ``batch`` sequences each add one token to a cache of ``context`` tokens. The layouts are
     chapter 20's: ``dp`` splits the batch and its cache, weights replicated; ``fsdp`` splits
     the batch and the weights' ``d_model``, gathering each layer's weights at every step;
-    ``sp`` splits the cache by its positions, batch and weights replicated; ``tp`` splits the
+    ``cp`` (context parallelism, which splits the cache by its positions; not Megatron's
+    sequence parallelism) leaves batch and weights replicated; ``tp`` splits the
     K/V heads (and with them the cache), the MLP and the vocabulary, as chapter 13.
 
     Conventions: weights in ``param_dtype``, the cache in ``cache_dtype``, activations and what
-    TP and SP send in ``compute_dtype``. A step reads every weight a device uses (under FSDP,
+    TP and CP send in ``compute_dtype``. A step reads every weight a device uses (under FSDP,
     the gathered layer; the embedding's table is looked up, not read) and the whole cache it
     holds. Per decoded token, TP all-reduces the stream twice a layer, and once for the
     embedding lookup, and gathers each device's best logit and its (int32) index to pick the
-    greedy token; SP all-reduces, per layer, each head's softmax
+    greedy token; CP all-reduces, per layer, each head's softmax
     maximum and sum and its partial attention output; FSDP gathers each layer's weights and,
-    once, the unembedding.
+    once, the unembedding. ``memory`` counts weights and cache only: no working memory for
+    activations and none of the headroom a server keeps (vLLM's ``gpu_memory_utilization``
+    is 0.9 by default), so whether a plan fits is judged against the whole HBM.
     """
     _check_model(model)
-    layout = {k: _whole(v, k) for k, v in zip(SERVE_KINDS, (dp, fsdp, sp, tp))}
+    layout = {k: _whole(v, k) for k, v in zip(SERVE_KINDS, (dp, fsdp, cp, tp))}
     batch = _whole(batch, "batch")
     context = validate.whole(
         context,
@@ -766,13 +785,15 @@ def serve(
         )
     if layout["tp"] > model.kv_heads:
         raise SizingError(
-            f"tp={layout['tp']} is more than the model's {model.kv_heads} K/V heads, by which TP "
-            f"splits the cache; choose a tp of at most {model.kv_heads}."
+            f"tp={layout['tp']} is more than the model's {model.kv_heads} K/V heads, by which "
+            "this calculator's TP splits the cache (a limit of the calculator, not of the "
+            "chips: servers replicate K/V heads or split the cache by batch); choose a tp of "
+            f"at most {model.kv_heads}."
         )
-    if context % layout["sp"]:
+    if context % layout["cp"]:
         raise SizingError(
-            f"A context of {context} tokens does not split evenly over sp={layout['sp']}; "
-            f"choose a multiple of {layout['sp']}."
+            f"A context of {context} tokens does not split evenly over cp={layout['cp']}; "
+            f"choose a multiple of {layout['cp']}."
         )
     b = {k: SERVE_DTYPE_BYTES[v] for k, v in dtypes.items()}
     arrays = _arrays(model)
@@ -789,7 +810,7 @@ def serve(
     kv_local = math.ceil(model.kv_heads / layout["tp"])
     heads_local = kv_local * (model.heads // model.kv_heads)
     cache = (
-        2 * model.layers * local_batch * (context // layout["sp"]) * kv_local * model.head_dim
+        2 * model.layers * local_batch * (context // layout["cp"]) * kv_local * model.head_dim
     ) * b["cache_dtype"]
     memory = {"params": held * b["param_dtype"], "cache": cache}
     memory["total"] = sum(memory.values())
@@ -812,8 +833,8 @@ def serve(
     best = local_batch * layout["tp"] * (act + 4)
     add("tp", "all-gather", "each device's best logit and its index", best, 1, False)
     stats = local_batch * heads_local * act
-    add("sp", "all-reduce", "softmax maximum and sum", stats, 2 * model.layers)
-    add("sp", "all-reduce", "partial attention output", stats * model.head_dim, model.layers)
+    add("cp", "all-reduce", "softmax maximum and sum", stats, 2 * model.layers)
+    add("cp", "all-reduce", "partial attention output", stats * model.head_dim, model.layers)
     add("fsdp", "all-gather", "a layer's weights", layer_tp * b["param_dtype"], model.layers)
     unembed = per_layer["unembed"] * b["param_dtype"]
     add("fsdp", "all-gather", "the unembedding", unembed, 1, False)
@@ -826,7 +847,7 @@ def serve(
     matmul_params = param_count(model) - model.vocab * model.d_model
     matmuls = 2 * matmul_params / layout["tp"] * local_batch
     attention = 4 * model.layers * heads_local * model.head_dim * local_batch
-    flops = matmuls + attention * context / layout["sp"]
+    flops = matmuls + attention * context / layout["cp"]
     return ServePlan(
         model,
         layout,

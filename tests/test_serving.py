@@ -31,7 +31,7 @@ def case():
     return params, prompts, seq[:, PROMPT:]
 
 
-@pytest.mark.parametrize("name", ["KV heads (TP)", "sequence (SP)"])
+@pytest.mark.parametrize("name", ["KV heads (TP)", "context (CP)"])
 def test_a_sharded_cache_gives_the_tokens_and_the_plan(case, name):
     params, prompts, reference = case
     rules = serving.SERVING_RULES[name]
@@ -79,8 +79,8 @@ def test_tp_layers_bytes_are_two_all_reduces_a_layer():
     "kwargs, words",
     [
         (dict(batch=3, context=64, dp=2), "does not split evenly over dp x fsdp"),
-        (dict(batch=2, context=64, tp=16), "is more than the model's 8 K/V heads"),
-        (dict(batch=2, context=63, sp=2), "does not split evenly over sp=2"),
+        (dict(batch=2, context=64, tp=16), "a limit of the calculator, not of the chips"),
+        (dict(batch=2, context=63, cp=2), "does not split evenly over cp=2"),
         (dict(batch=2, context=64, param_dtype="int4"), "param dtype"),
         (dict(batch=0, context=64), "batch"),
     ],
@@ -130,3 +130,19 @@ def test_checkers_accept_the_solutions_and_name_mistakes():
     assert exercises.ch20_tp_token_bytes(right).ok
     rejected(exercises.ch20_tp_token_bytes(2 * right), "training step's four")
     rejected(exercises.ch20_tp_token_bytes(None), "Not answered yet")
+
+
+def test_serial_puts_each_collective_on_the_critical_path():
+    llama70 = sizing.PRESETS["Llama 3 70B"]
+    s = sizing.serve(llama70, batch=32, context=4096, tp=8).decode_seconds("H100")
+    assert s.bound == s.memory < s.serial
+    assert s.serial == pytest.approx(max(s.compute, s.memory) + sum(s.comm.values()))
+    alone = sizing.serve(sizing.PRESETS["Llama 3 8B"], batch=8, context=4096)
+    assert alone.decode_seconds("H100").serial == alone.decode_seconds("H100").bound
+
+
+def test_the_chips_sources_say_which_reading_they_use():
+    assert "8.1e11" in sizing.HARDWARE["TPU v5e"].source
+    assert "96 GB" in sizing.HARDWARE["TPU v5p"].source
+    for name in ("TPU v5e", "TPU v5p", "TPU v6e"):
+        assert "scaling book" in sizing.HARDWARE[name].fast.source

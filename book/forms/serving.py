@@ -19,7 +19,7 @@ BATCHES = ("1", "8", "32", "128")
 LAYOUTS = {  # name -> how it splits the chips
     "TP": "tp over all chips (at most the model's 8 K/V heads)",
     "DP x TP": "tp=8 (or all chips, if fewer), dp over the rest",
-    "SP x TP": "tp=8 (or all chips, if fewer), sp (the cache's positions) over the rest",
+    "CP x TP": "tp=8 (or all chips, if fewer), cp (the cache's positions) over the rest",
     "FSDP": "fsdp over all chips",
 }
 _GIB = 2**30
@@ -32,14 +32,14 @@ def layout_degrees(layout: str, chips: int) -> dict:
         chips, "The chip count", high=validate.MAX_DEVICES, text=True, error=sizing.SizingError
     )
     tp = min(chips, 8)
-    if layout in ("DP x TP", "SP x TP") and chips % tp:
+    if layout in ("DP x TP", "CP x TP") and chips % tp:
         raise sizing.SizingError(
             f"{layout} needs a multiple of 8 chips above 8, not {chips}; choose another count."
         )
     return {
         "TP": {"tp": chips},
         "DP x TP": {"tp": tp, "dp": chips // tp},
-        "SP x TP": {"tp": tp, "sp": chips // tp},
+        "CP x TP": {"tp": tp, "cp": chips // tp},
         "FSDP": {"fsdp": chips},
     }[layout]
 
@@ -88,7 +88,8 @@ def _body(c: Choice, p: sizing.ServePlan, hw: sizing.Hardware) -> str:
         f"<div class='bk-viz'><b>{html.escape(c.model)} on {c.chips} {html.escape(hw.name)}, "
         f"{html.escape(c.layout)} ({html.escape(degrees)})</b>: {c.batch:,} sequences of "
         f"{CONTEXT:,} cached tokens, bfloat16. Weights and cache "
-        f"{'fit' if fits else 'do not fit'} in its {hw.hbm_bytes / 1e9:.0f} GB of HBM.</div>"
+        f"{'fit' if fits else 'do not fit'} in its {hw.hbm_bytes / 1e9:.0f} GB of HBM (all of "
+        "it: no working memory or headroom counted).</div>"
     )
     memory = display.table(
         ["weights", "cache", "total", "HBM"],
@@ -100,18 +101,28 @@ def _body(c: Choice, p: sizing.ServePlan, hw: sizing.Hardware) -> str:
     )
     comm = max(s.comm.values())
     times = display.table(
-        ["compute", "memory", "communication", "bound", "tokens/s per user", "per chip"],
+        [
+            "compute",
+            "memory",
+            "communication",
+            "bound",
+            "serial",
+            "tokens/s per user",
+            "per chip",
+        ],
         [
             [
                 f"{1e3 * s.compute:.2f}",
                 f"{1e3 * s.memory:.2f}",
                 f"{1e3 * comm:.2f}",
                 f"{1e3 * s.bound:.2f}",
+                f"{1e3 * s.serial:.2f}",
                 f"{s.per_user:,.0f}",
                 f"{s.per_chip:,.0f}",
             ]
         ],
-        title="Milliseconds per decode step at peak FLOP/s and bandwidths (published figures)",
+        title="Milliseconds per decode step at peak FLOP/s and bandwidths (published figures): "
+        "bound overlaps communication, serial adds it; tokens/s at the bound",
     )
     return head + memory.html + times.html
 

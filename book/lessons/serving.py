@@ -91,7 +91,7 @@ def decode(params, token, cache, pos, steps, cfg, layout=None):
 SERVING_RULES = {
     "batch (DP)": {"batch": "data"},
     "KV heads (TP)": TP_RULES,
-    "sequence (SP)": {"context": "seq"},
+    "context (CP)": {"context": "cp"},
     "FSDP": RULES["FSDP"],
 }
 
@@ -115,7 +115,13 @@ def serving_programs(cfg, layout, length, steps):
     return run_prefill, run_decode
 
 
-SERVING_KIND = {"data": "dp", "fsdp": "fsdp", "seq": "sp", "model": "tp"}
+def shard_bytes(shardings, arrays):
+    """Bytes one device holds of these arrays, from their compiled shardings."""
+    pairs = zip(jax.tree.leaves(arrays), jax.tree.leaves(shardings), strict=True)
+    return sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize for a, s in pairs)
+
+
+SERVING_KIND = {"data": "dp", "fsdp": "fsdp", "cp": "cp", "model": "tp"}
 
 
 def serving_plan(cfg, name, batch, length):
@@ -138,17 +144,8 @@ def check_serving(cfg, name, prefill_program, decode_program, steps, params, cac
     compiled bytes per token (layers, all)."""
     batch, length = cache["k"].shape[1:3]
     plan = serving_plan(cfg, name, batch, length)
-    shardings = decode_program.input_shardings[0]
-    got_params = sum(
-        math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
-        for a, s in zip(jax.tree.leaves(params), jax.tree.leaves(shardings[0]))
-    )
-    got_cache = sum(
-        math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
-        for a, s in zip(
-            jax.tree.leaves(cache), jax.tree.leaves(prefill_program.output_shardings[1])
-        )
-    )
+    got_params = shard_bytes(decode_program.input_shardings[0][0], params)
+    got_cache = shard_bytes(prefill_program.output_shardings[1], cache)
     assert got_params == plan.memory["params"], (name, got_params, plan.memory)
     assert got_cache == plan.memory["cache"], (name, got_cache, plan.memory)
     trips = loop_trips(decode_program)
@@ -163,8 +160,8 @@ def check_serving(cfg, name, prefill_program, decode_program, steps, params, cac
     want_layers = sum(c.sent * c.count for c in plan.collectives if c.in_layers)
     want_ends = sum(c.sent * c.count for c in plan.collectives if not c.in_layers)
     assert math.isclose(layers, want_layers, rel_tol=1e-12), (name, layers, want_layers)
-    # Outside the layers: as planned, but FSDP's compiler moves each token's stream
-    # to the unembedding's rows rather than gather the unembedding: less.
+    # Outside the layers: as planned, but FSDP's compiled loop moves each token's
+    # embedding rather than gather the unembedding: less.
     if plan.layout["fsdp"] > 1:
         assert ends < want_ends, (name, ends, want_ends)
     else:
