@@ -17,10 +17,12 @@ import re
 import shlex
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from book import slurm, validate
-from book.multihost import Outputs, WorkerError, tail
+from book.errors import ReaderError
+from book.multihost import Outputs, WorkerError, _check_args, _check_env, tail
 
 _POLL_SECONDS = 0.1
 # How srun reports a task that ended badly, in the batch job's output.
@@ -60,6 +62,7 @@ class SlurmJob:
     def errors(self, process: int) -> str:
         """What task ``process`` wrote to stderr, where the batch script gave each task a file
         ``<anything>-<job id>-<task>.err`` beside the job's output (``srun --error``)."""
+        process = self._index(process)
         found = sorted(self.output_file.parent.glob(f"*-{self.id}-{process}.err"))
         try:
             return found[0].read_text(errors="replace") if found else ""
@@ -75,14 +78,14 @@ class SlurmJob:
         return slurm.tasks(self.text(), self.num_tasks, self.script)
 
     def output(self, process: int) -> str:
-        return self.outputs()[process]
+        return self.outputs()[self._index(process)]
 
     def signal(self, sig, process: int | None = None) -> str:
         """SIGTERM (or any signal) to every task with ``scancel``, or one task's process.
 
         Returns what was done, as a command line or in words.
         """
-        sig = signal.Signals(sig)
+        sig = _signal_of(sig)
         if process is None:
             command = ["scancel", f"--signal={sig.name.removeprefix('SIG')}", str(self.id)]
             slurm.run(command)
@@ -93,7 +96,8 @@ class SlurmJob:
 
     def wait_for(self, pattern: str, process: int = 0) -> re.Match:
         """Wait until task ``process`` prints a line matching ``pattern``; return the match."""
-        regex = re.compile(pattern, re.M)
+        regex = _regex(pattern)
+        process = self._index(process)
         while True:
             found = regex.search(self.output(process))
             if found:
@@ -168,8 +172,11 @@ class SlurmJob:
             if task not in self.ended and not Path(f"/proc/{pid}").exists():
                 self.ended[task] = now
 
+    def _index(self, process) -> int:
+        return validate.whole(process, "process", low=0, high=self.num_tasks - 1, example=0)
+
     def _pid(self, process: int) -> int:
-        process = validate.whole(process, "process", low=0, high=self.num_tasks - 1, example=0)
+        process = self._index(process)
         while process not in self._pids:
             self._watch()
             if self._over():
@@ -192,6 +199,42 @@ class SlurmJob:
                 self.outputs(),
                 timed_out=True,
             )
+
+
+def _signal_of(sig) -> signal.Signals:
+    """A signal such as ``signal.SIGTERM`` (or its number), or ReaderError in one sentence."""
+    if isinstance(sig, signal.Signals):
+        return sig
+    if validate._is_whole(sig) and int(sig) in {s.value for s in signal.Signals}:
+        return signal.Signals(int(sig))
+    raise ReaderError(f"sig must be a signal such as signal.SIGTERM, not {validate.describe(sig)}.")
+
+
+def _regex(pattern) -> re.Pattern:
+    """``pattern`` compiled for whole lines, or ReaderError in one sentence."""
+    pattern = validate.text(pattern, "the pattern", example="r'step (\\d+)'", limit=1000)
+    try:
+        return re.compile(pattern, re.M)
+    except re.error as err:
+        raise ReaderError(
+            f"The pattern is no regular expression Python reads ({err.msg}); fix it, or pass "
+            "re.escape(text) to match text as it is."
+        ) from None
+
+
+def _batch_script(batch_script) -> str:
+    if not isinstance(batch_script, (str, os.PathLike)) or not str(batch_script).strip():
+        raise ReaderError(
+            "batch_script must be the path of a batch script, such as 'job.sbatch', not "
+            f"{validate.describe(batch_script)}."
+        )
+    text = str(batch_script)
+    if "\0" in text or not Path(text).is_file():
+        raise ReaderError(
+            f"There is no batch script at {validate.describe(text)}; write it first, or check "
+            "the path you passed."
+        )
+    return text
 
 
 def _task_pids(job_id: int, script: str) -> dict[int, int]:
@@ -227,11 +270,27 @@ def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=Non
     --label``) goes to ``<name>-<id>.out`` here; ``env`` adds variables to the job's
     environment, which is otherwise the caller's.
     """
-    batch_script = str(batch_script)
+    batch_script = _batch_script(batch_script)
+    if not isinstance(script, (str, os.PathLike)) or not str(script).strip():
+        raise ReaderError(
+            f"script must be the path of the Python file the tasks run, not "
+            f"{validate.describe(script)}."
+        )
     num_tasks = validate.whole(num_tasks, "num_tasks", example=2)
     timeout = validate.seconds(timeout, "timeout")
-    args = [str(a) for a in args]
-    exports = ",".join(f"{k}={v}" for k, v in (env or {}).items())
+    args = _check_args(args)
+    if env is not None and not isinstance(env, Mapping):
+        raise ReaderError(f"env must be a mapping of variables, not {validate.describe(env)}.")
+    extra = _check_env(env, 1)[0]
+    for key, value in extra.items():
+        if value is None:
+            raise ReaderError(f"The variable {key!r} is None; a batch job's can only be set.")
+        if "," in value:  # sbatch --export takes NAME=value,... only
+            raise ReaderError(
+                f"The variable {key!r} holds a comma, which sbatch --export cannot pass; "
+                "give a text without one."
+            )
+    exports = ",".join(f"{k}={v}" for k, v in extra.items())
     name = Path(batch_script).stem
     command = ["sbatch", "--parsable", f"--job-name={name}", f"--output={name}-%j.out"]
     command += [f"--export=ALL{',' + exports if exports else ''}", batch_script, *args]

@@ -55,17 +55,23 @@ class Transformer:
     gated: bool = True
 
     def __post_init__(self):
+        # Kept as Python numbers: a NumPy or JAX integer would overflow in the products below.
+        def keep(name, value):
+            object.__setattr__(self, name, value)
+
         for name in ("layers", "d_model", "d_ff", "heads", "kv_heads", "vocab"):
-            validate.whole(getattr(self, name), f"The model's {name}", error=SizingError)
-        validate.flag(self.gated, "gated", error=SizingError)
+            keep(
+                name, validate.whole(getattr(self, name), f"The model's {name}", error=SizingError)
+            )
+        keep("gated", validate.flag(self.gated, "gated", error=SizingError))
         if self.head_dim is None:
             if self.d_model % self.heads:
                 raise SizingError(
                     f"d_model {self.d_model} is not a multiple of heads {self.heads}; give "
                     "head_dim explicitly."
                 )
-            object.__setattr__(self, "head_dim", self.d_model // self.heads)
-        validate.whole(self.head_dim, "The model's head_dim", error=SizingError)
+            keep("head_dim", self.d_model // self.heads)
+        keep("head_dim", validate.whole(self.head_dim, "The model's head_dim", error=SizingError))
         if self.heads % self.kv_heads:
             raise SizingError(
                 f"{self.heads} query heads do not split into groups for {self.kv_heads} K/V "
@@ -156,10 +162,17 @@ class Collective:
 
 
 def _number(value, name, example, *, zero=False):
-    """A finite real number above zero (or at least zero), or SizingError in one sentence."""
-    sort = "a number of at least 0" if zero else "a number above 0"
+    """A finite real number of at least 1 (or at least zero), or SizingError in one sentence.
+
+    A rate or a size below 1 (a chip of 1e-300 FLOP/s) would make every time infinite.
+    """
+    low = 0 if zero else 1
     return validate.number(
-        value, name, above=not zero, wanted=f"{sort} such as {example}", error=SizingError
+        value,
+        name,
+        low=low,
+        wanted=f"a number of at least {low} such as {example}",
+        error=SizingError,
     )
 
 
@@ -174,8 +187,10 @@ class Link:
 
     def __post_init__(self):
         validate.text(self.name, "a link's name", example="'ICI'", error=SizingError)
-        _number(self.bandwidth, "A link's bandwidth (bytes per second)", "450e9")
-        _number(self.hop_latency, "A link's hop latency (seconds)", "1e-6", zero=True)
+        bandwidth = _number(self.bandwidth, "A link's bandwidth (bytes per second)", "450e9")
+        object.__setattr__(self, "bandwidth", bandwidth)
+        latency = _number(self.hop_latency, "A link's hop latency (seconds)", "1e-6", zero=True)
+        object.__setattr__(self, "hop_latency", latency)
         validate.text(
             self.source, "a link's source", example="'https://…'", limit=1000, error=SizingError
         )
@@ -195,20 +210,29 @@ class Hardware:
     hbm_bandwidth: float | None = None  # bytes per second between HBM and the cores
 
     def __post_init__(self):
-        validate.text(self.name, "a chip's name", example="'H100 SXM'", error=SizingError)
-        _number(self.peak_flops, "A chip's peak FLOP/s", "989e12")
-        _number(self.hbm_bytes, "A chip's HBM (bytes)", "80e9")
+        # Kept as Python floats: a NumPy float32 or a JAX scalar would carry into every time.
+        def keep(name, value):
+            object.__setattr__(self, name, value)
+
+        name = validate.text(self.name, "a chip's name", example="'H100 SXM'", error=SizingError)
+        keep("name", name)
+        keep("peak_flops", _number(self.peak_flops, "A chip's peak FLOP/s", "989e12"))
+        keep("hbm_bytes", _number(self.hbm_bytes, "A chip's HBM (bytes)", "80e9"))
         if self.hbm_bandwidth is not None:
-            _number(self.hbm_bandwidth, "A chip's HBM bandwidth (bytes per second)", "3.35e12")
+            bandwidth = _number(
+                self.hbm_bandwidth, "A chip's HBM bandwidth (bytes per second)", "3.35e12"
+            )
+            keep("hbm_bandwidth", bandwidth)
         for which in ("fast", "slow"):
             if not isinstance(getattr(self, which), Link):
                 raise SizingError(
                     f"A chip's {which} link must be a book.sizing.Link, not "
                     f"{validate.describe(getattr(self, which))}."
                 )
-        validate.whole(
+        domain = validate.whole(
             self.domain, "A chip's fast domain", high=validate.MAX_DEVICES, error=SizingError
         )
+        keep("domain", domain)
         validate.text(
             self.source, "a chip's source", example="'https://…'", limit=1000, error=SizingError
         )
@@ -364,8 +388,8 @@ class Plan:
 
     def seconds(self, hardware) -> Seconds:
         """Compute, communication and the step's lower bound on ``hardware``."""
-        if isinstance(hardware, str) and hardware in HARDWARE:
-            hardware = HARDWARE[hardware]
+        if isinstance(hardware, str) and str.__str__(hardware) in HARDWARE:
+            hardware = HARDWARE[str.__str__(hardware)]
         if not isinstance(hardware, Hardware):
             names = ", ".join(HARDWARE)
             raise SizingError(
@@ -704,8 +728,8 @@ class ServePlan:
 
 
 def _hardware(hardware) -> Hardware:
-    if isinstance(hardware, str) and hardware in HARDWARE:
-        hardware = HARDWARE[hardware]
+    if isinstance(hardware, str) and str.__str__(hardware) in HARDWARE:
+        hardware = HARDWARE[str.__str__(hardware)]
     if not isinstance(hardware, Hardware):
         names = ", ".join(HARDWARE)
         raise SizingError(

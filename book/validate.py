@@ -170,7 +170,7 @@ def whole(
     wanted = f"{name} must be {sort} such as {example}"
     value = scalar(value)
     if isinstance(value, str) and text:
-        body = value.strip()
+        body = str.__str__(value).strip()  # the text itself, whatever a subclass redefines
         if not _DIGITS.fullmatch(body):
             if re.fullmatch(r"[+-]?[0-9]+", body, re.ASCII):
                 raise error(
@@ -274,7 +274,7 @@ def name(value, what: str, *, error: type[ReaderError] = ReaderError) -> str:
 
 def choice(value, options: Sequence[str], what: str, *, error: type[ReaderError] = ReaderError):
     """One of ``options`` (strings), compared as text: a list or an unhashable value is refused."""
-    if isinstance(value, str) and value in options:
+    if isinstance(value, str) and str.__str__(value) in options:
         return str.__str__(value)
     listed = ", ".join(options[:-1]) + " or " + options[-1] if len(options) > 1 else options[0]
     raise error(f"{describe(value)} is not {what} here; pick one of {listed}.")

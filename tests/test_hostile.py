@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 import book.exercises.core as core
 from book import exercises, forms, specs
+from book.forms import serving as serving_form
 
 FORMS = settings(
     max_examples=40,
@@ -209,6 +210,26 @@ def test_the_layout_form_gives_html(rules, mesh):
 )
 def test_the_sizing_form_gives_html(model, chip, layout, chips, batch, seq):
     page = forms.render_sizing(model, chip, layout, chips, batch, seq)
+    assert_result_or_one_sentence(page, "<table")
+
+
+class TypedInt(str):
+    """What a form passes, but its own int() fails: only the checked count may be used."""
+
+    def __int__(self):
+        raise RuntimeError("int")
+
+
+@FORMS
+@given(
+    st.one_of(st.sampled_from(["Llama 3 8B", "Llama 3 70B"]), ARGUMENT),
+    st.one_of(st.sampled_from(["H100", "TPU v5e"]), ARGUMENT),
+    st.one_of(st.sampled_from(["TP", "DP x TP", "CP x TP", "FSDP"]), ARGUMENT),
+    st.one_of(st.sampled_from(["8", "16", "32"]), st.builds(TypedInt, st.just("8")), ARGUMENT),
+    st.one_of(st.sampled_from(["32", "2147483647"]), ARGUMENT),
+)
+def test_the_serving_form_gives_html(model, chip, layout, chips, batch):
+    page = serving_form.render_serving(model, chip, layout, chips, batch)
     assert_result_or_one_sentence(page, "<table")
 
 

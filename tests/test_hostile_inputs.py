@@ -25,7 +25,20 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from book import checks, cost, data, display, hlo, models, sizing, specs, timing, trace, validate
+from book import (
+    checks,
+    cost,
+    data,
+    display,
+    hlo,
+    jobs,
+    models,
+    sizing,
+    specs,
+    timing,
+    trace,
+    validate,
+)
 from book.errors import ReaderError
 
 SOME = settings(
@@ -500,3 +513,170 @@ def test_a_trace_that_is_a_pipe_is_named(tmp_path):
     os.mkfifo(tmp_path / "t.json.gz")
     with pytest.raises(ReaderError, match="not a regular file"):
         trace.read(tmp_path / "t.json.gz")
+
+
+# book.sizing.serve and what chapter 20 calls of it ----------------------------------------
+
+
+class StrangeText(str):
+    """A text whose own methods fail: only what the text holds may be read."""
+
+    def strip(self, *args):
+        raise RuntimeError("strip")
+
+    def __eq__(self, other):
+        raise RuntimeError("eq")
+
+    def __hash__(self):
+        raise RuntimeError("hash")
+
+
+def finite_python_numbers(*values):
+    return all(type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in values)
+
+
+@SOME
+@given(
+    st.sampled_from(
+        [
+            "batch",
+            "context",
+            "dp",
+            "fsdp",
+            "cp",
+            "tp",
+            "param_dtype",
+            "cache_dtype",
+            "compute_dtype",
+            "hardware",
+        ]
+    ),
+    st.one_of(ODD, st.builds(StrangeText, st.sampled_from(["8", "bfloat16", "H100"]))),
+)
+def test_serve_and_its_decode_step_refuse_in_one_sentence(name, odd):
+    kwargs = {"batch": 8, "context": 1024}
+    if name != "hardware":
+        kwargs[name] = odd
+    hardware = odd if name == "hardware" else "H100"
+    plan = result_or_sentence(lambda: sizing.serve(sizing.PRESETS["Llama 3 8B"], **kwargs))
+    step = plan and result_or_sentence(lambda: plan.decode_seconds(hardware))
+    if step is not None:
+        assert finite_python_numbers(*plan.memory.values(), *plan.read.values(), plan.flops)
+        assert finite_python_numbers(step.bound, step.serial, step.per_user, step.per_chip)
+
+
+@SOME
+@given(st.integers(0, 2), st.one_of(ODD, st.builds(StrangeText, st.just("int8"))))
+def test_kv_cache_bytes_refuses_in_one_sentence(position, odd):
+    args = with_one_odd((sizing.PRESETS["Llama 3 8B"], 8, "int8"), position, odd)
+    found = result_or_sentence(lambda: sizing.kv_cache_bytes(*args))
+    assert found is None or (type(found) is int and found >= 0)
+
+
+@pytest.mark.parametrize(
+    "number", [np.int64, np.int32, np.int16, np.int8, jnp.int32], ids=lambda t: t.__name__
+)
+def test_a_model_of_numpy_or_jax_integers_plans_as_one_of_python_integers(number):
+    # Stored as given, they overflowed: int32 products wrapped, int8 ones raised.
+    fields = {"layers": 2, "d_model": 64, "d_ff": 96, "heads": 4, "kv_heads": 2, "vocab": 96}
+    python = sizing.Transformer(**fields)
+    odd = sizing.Transformer(**{k: number(v) for k, v in fields.items()}, gated=np.bool_(True))
+    assert all(type(getattr(odd, k)) is int for k in [*fields, "head_dim"])
+    assert odd == python and sizing.param_count(odd) == sizing.param_count(python)
+    big = sizing.Transformer(2**31 - 1, 8, 8, 8, 8, 2**31 - 1)
+    assert sizing.param_count(big) == sizing.param_count(
+        sizing.Transformer(np.int32(2**31 - 1), 8, 8, 8, 8, np.int32(2**31 - 1))
+    )
+    plan = sizing.serve(odd, batch=np.int64(8), context=jnp.int32(64), tp=np.int8(2))
+    assert plan == sizing.serve(python, batch=8, context=64, tp=2)
+
+
+def test_a_chip_of_numpy_numbers_gives_python_times_and_absurd_rates_are_refused():
+    h100 = sizing.HARDWARE["H100"]
+    odd = sizing.Hardware(
+        "odd",
+        np.float32(989e12),
+        jnp.float32(80e9),
+        h100.fast,
+        h100.slow,
+        np.int64(8),
+        "s",
+        np.float32(3.35e12),
+    )
+    assert all(type(v) is float for v in (odd.peak_flops, odd.hbm_bytes, odd.hbm_bandwidth))
+    assert type(odd.domain) is int
+    step = sizing.serve(sizing.PRESETS["Llama 3 8B"], batch=8, context=64).decode_seconds(odd)
+    assert finite_python_numbers(step.bound, step.per_chip)
+    for field in ("peak_flops", "hbm_bandwidth", "hbm_bytes"):
+        with pytest.raises(sizing.SizingError, match="at least 1"):
+            sizing.Hardware(**{**h100.__dict__, field: 1e-300})
+
+
+def test_a_text_whose_own_methods_fail_is_read_by_what_it_holds():
+    assert validate.whole(StrangeText("8"), "n", text=True) == 8
+    assert validate.choice(StrangeText("b"), ["a", "b"], "a letter") == "b"
+    plan = sizing.serve(sizing.PRESETS["Llama 3 8B"], batch=8, context=64)
+    assert plan.decode_seconds(StrangeText("H100")) == plan.decode_seconds("H100")
+
+
+# book.jobs: what chapter 19 passes to a batch job, checked before sbatch runs -------------
+
+
+@pytest.fixture
+def no_sbatch(monkeypatch, tmp_path):
+    def refused(command, timeout=30):
+        raise AssertionError(f"reached Slurm with {command}")
+
+    monkeypatch.setattr(jobs.slurm, "run", refused)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sbatch").write_text("#!/bin/bash\n")
+    return tmp_path
+
+
+@SOME
+@given(st.sampled_from(["batch_script", "script", "args", "env", "num_tasks", "timeout"]), ODD)
+def test_submit_refuses_in_one_sentence_before_sbatch(no_sbatch, name, odd):
+    kwargs = {"batch_script": "job.sbatch", "script": "task.py", "args": ["x"], name: odd}
+    with contextlib.suppress(AssertionError):  # what passes every check reaches sbatch
+        result_or_sentence(lambda: jobs.submit(**kwargs))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"batch_script": "missing.sbatch"}, "There is no batch script"),
+        ({"args": "--steps 12"}, "list or tuple"),
+        ({"args": [Unprintable()]}, "Each argument"),
+        ({"env": {"XLA_FLAGS": "a,b"}}, "comma"),
+        ({"env": {"A": None}}, "None"),
+        ({"env": ["A=1"]}, "mapping"),
+    ],
+)
+def test_submit_names_what_sbatch_could_not_take(no_sbatch, kwargs, words):
+    kwargs = {"batch_script": "job.sbatch", "script": "task.py", **kwargs}
+    with pytest.raises(ReaderError, match=words) as err:
+        jobs.submit(**kwargs)
+    one_sentence(err.value)
+
+
+@SOME
+@given(ODD)
+def test_a_jobs_methods_refuse_in_one_sentence(tmp_path, odd):
+    job = jobs.SlurmJob(7, "task.py", 2, tmp_path / "job-7.out", 5.0)
+    assert result_or_sentence(lambda: job.errors(odd)) in (None, "")
+    assert result_or_sentence(lambda: job.output(odd)) in (None, "")
+    calls = [lambda: job.signal(odd, 5), lambda: job.wait_for(odd, 5)]
+    if result_or_sentence(lambda: validate.whole(odd, "p", low=0, high=1)) is None:
+        calls.append(lambda: job.wait_for("x", odd))  # a task of the job would be waited for
+    for call in calls:
+        with pytest.raises(ReaderError) as err:  # each refused before any wait
+            call()
+        one_sentence(err.value)
+
+
+@pytest.mark.parametrize("pattern", ["(", "*", "[a-", "a{2,1}"])
+def test_a_pattern_python_cannot_read_is_named(tmp_path, pattern):
+    job = jobs.SlurmJob(7, "task.py", 2, tmp_path / "job-7.out", 5.0)
+    with pytest.raises(ReaderError, match="regular expression") as err:
+        job.wait_for(pattern)
+    one_sentence(err.value)

@@ -9,6 +9,7 @@ pre-renders every choice for the online book.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 
 from book import display, sizing, static_forms, validate
@@ -63,7 +64,8 @@ def check_serving(model, hardware, layout, chips, batch) -> Choice:
     hardware = validate.choice(hardware, list(sizing.HARDWARE), "a chip", error=error)
     degrees = layout_degrees(layout, chips)
     batch = validate.whole(batch, "The batch", text=True, example=32, error=error)
-    return Choice(model, hardware, layout, int(chips), tuple(degrees.items()), batch)
+    chips = math.prod(degrees.values())  # the count as checked, not int() of what was typed
+    return Choice(model, hardware, layout, chips, tuple(degrees.items()), batch)
 
 
 def render_serving(model: str, hardware: str, layout: str, chips, batch) -> str:
