@@ -63,6 +63,8 @@ ANSWERS = {
     ),
     "ch17_collective_share": (FN, profiling._ops(profiling._RUN), dict(profiling._KINDS)),
     "ch18_smallest_fsdp": (64,),
+    "ch20_largest_batch": (185, 975.0),  # the right batch: a wrong per_chip is judged too
+    "ch20_tp_token_bytes": (14_336,),
 }
 # Exercises whose checker runs the reader's function in other processes: a wrong function
 # there costs a launch, so they are given only wrong values here.
@@ -275,3 +277,40 @@ def test_a_checkers_scratch_folder_goes_when_the_answer_never_returns(short_limi
 def test_a_right_answer_computed_with_jax_or_numpy_is_right(name, answers):
     verdict = getattr(exercises, name)(*answers)
     assert verdict.ok, verdict.message
+
+
+# Chapters 19 and 20: answers that are not the reader's own functions, or numbers of 300 digits
+
+
+@pytest.mark.parametrize("answer", [int, type, np.sum, float], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name", ["ch19_best_interval", "ch19_records_of"])
+def test_a_builtin_or_library_function_as_the_answer_is_refused_as_the_readers(name, answer):
+    verdict = getattr(exercises, name)(answer)
+    judged_in_one_sentence(verdict)
+    assert not verdict.ok
+
+
+@pytest.mark.parametrize("steps", [10**9, 10**9 - 1, 2**40])
+def test_a_huge_checkpoint_interval_is_judged(steps):
+    verdict = exercises.ch19_best_interval(lambda *job: steps)
+    judged_in_one_sentence(verdict)
+    assert not verdict.ok
+
+
+@pytest.mark.parametrize(
+    "result", [list(range(100_000)), [1e300] * 4, [10**30] * 4, [-1] * 4, [96] * 4]
+)
+def test_records_that_cannot_be_quoted_are_described(result):
+    verdict = exercises.ch19_records_of(lambda *args: result)
+    judged_in_one_sentence(verdict)
+    assert not verdict.ok and len(verdict.message) < 200, verdict.message
+
+
+@pytest.mark.parametrize("value", [1e308, -1e300, Fraction(1, 3), 0.25])
+def test_a_huge_or_fractional_number_is_quoted_as_it_is(value):
+    for verdict in (
+        exercises.ch20_tp_token_bytes(value),
+        exercises.ch20_largest_batch(185, value),
+    ):
+        judged_in_one_sentence(verdict)
+        assert len(verdict.message) < 200 and "Not 0 bytes" not in verdict.message

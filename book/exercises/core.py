@@ -781,6 +781,26 @@ def compile_and_run(fn, *args, stub=None):
     return compiled(*args), compiled
 
 
+def call(fn, what: str, *args):
+    """``fn(*args)``, where ``fn`` is the reader's answer, named ``what`` in a refusal.
+
+    An error raised with no line of the reader's on the way, and not inside JAX, came from a
+    function that is not the reader's own (``int``, ``type`` or ``np.sum`` given as the
+    answer); it is refused as the answer's, not taken for a failure of the checker itself.
+    """
+    try:
+        return fn(*args)
+    except Exception as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        if any(_is_readers(f.filename) for f in frames) or _through_jax(err, frames):
+            raise
+        said = _text(err)
+        raise Wrong(
+            f"{what} raised {type(err).__name__}{f' ({said})' if said else ''}; pass a "
+            "function of your own, as the exercise's cell defines it."
+        ) from None
+
+
 def callable_with(fn, args) -> None:
     """Refuse a function that is no function, or that cannot take the exercise's ``args``."""
     answered(fn, "define the function and pass it")

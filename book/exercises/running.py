@@ -6,7 +6,17 @@ import math
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, checker, need, numbers, returned, takes, whole
+from book.exercises.core import (
+    Wrong,
+    answered,
+    call,
+    checker,
+    need,
+    numbers,
+    returned,
+    takes,
+    whole,
+)
 
 # Exercise 19.1: jobs as (step seconds, save seconds, restart seconds, mean time between
 # failures in seconds). The last saves slowly against its failure rate, where Young's square
@@ -29,6 +39,8 @@ def goodput(steps: int, step_seconds, save_seconds, restart_seconds, mtbf) -> fl
     restarts), and the goodput is the training time of a segment over that.
     """
     segment = steps * step_seconds + save_seconds
+    if segment / mtbf > 700:  # exp would overflow; such a segment all but never finishes
+        return 0.0
     return steps * step_seconds / ((mtbf + restart_seconds) * math.expm1(segment / mtbf))
 
 
@@ -72,12 +84,12 @@ def ch19_best_interval(best_interval):
     )
     said = []
     for job in _JOBS:
-        got = best_interval(*job)
+        got = call(best_interval, "best_interval", *job)
         answered(got, "best_interval returns None")
         try:
             got = whole(got, f"best_interval{job}", high=10**9, example=100)
         except Wrong:
-            returned(got, f"best_interval{job}", "a whole number of steps, at least 1")
+            returned(got, f"best_interval{job}", "a whole number of steps, from 1 to 10**9")
         best = _best(job)
         mine, top = goodput(int(got), *job), goodput(best, *job)
         young = max(1, round(math.sqrt(2 * job[1] * job[3]) / job[0]))
@@ -153,13 +165,23 @@ def ch19_records_of(records_of):
     )
     for records, seed, batch, step, process, count in _RESTARTS:
         order = _order(records, seed)
-        got = records_of(list(order), step, process, count, batch)
+        got = call(records_of, "records_of", list(order), step, process, count, batch)
         answered(got, "records_of returns None")
         ids = numbers(got, "records_of's result", "[3, 17, 42]").ravel()
         if (ids != np.round(ids)).any():
             returned(got, "records_of", "a list of record ids")
-        got = [int(r) for r in ids]
         want = _grain_records(records, seed, batch, step, process, count)
+        # Said before the ids are quoted: a list of thousands, or of ids of 300 digits, is not.
+        need(
+            len(ids) == len(want),
+            f"At step {step}, process {process} of {count} with batches of {batch} reads "
+            f"{len(want)} records, not {len(ids)}: each process reads batch // count.",
+        )
+        need(
+            ((ids >= 0) & (ids < records)).all(),
+            f"records_of returned ids outside 0 to {records - 1}; return ids taken from order.",
+        )
+        got = [int(r) for r in ids]
         if got != want:
             start = step * batch
             contiguous = order[start + process * batch // count :][: batch // count]

@@ -10,6 +10,15 @@ _FIT = {"context": 8192, "tp": 8}
 _TINY_BATCH, _TINY_LENGTH = 8, 16
 
 
+def _shown(value: float, decimals: int = 0) -> str:
+    """A number for a sentence: with commas, or in e-notation when that would run to pages."""
+    if abs(value) >= 1e15:
+        return f"{value:.3g}"
+    if not decimals and value != round(value):
+        return f"{value:.6g}"  # 1/3 of a byte is not 0 bytes
+    return f"{value:,.{decimals}f}"
+
+
 def _plan(batch):
     from book import sizing
 
@@ -39,7 +48,7 @@ def ch20_largest_batch(batch, per_chip):
     want = _plan(largest).decode_seconds("H100").per_chip
     need(
         abs(per_chip - want) <= 1e-3 * want,
-        f"The batch is right, but per_chip is {per_chip:,.1f}, not {want:,.1f}: use "
+        f"The batch is right, but per_chip is {_shown(per_chip, 1)}, not {want:,.1f}: use "
         "decode_seconds('H100').per_chip of that plan.",
     )
     return (
@@ -77,5 +86,5 @@ def ch20_tp_token_bytes(tp_layer_bytes):
         (why for value, why in hints.items() if abs(got - value) <= 1e-6 * value),
         "count the all-reduces of the (batch, 1, d_model) stream in one layer's forward pass",
     )
-    need(abs(got - want) <= 1e-6 * want, f"Not {got:,.0f} bytes, but {want:,.0f}: {hint}.")
+    need(abs(got - want) <= 1e-6 * want, f"Not {_shown(got)} bytes, but {want:,.0f}: {hint}.")
     return f"{want:,.0f} bytes: two all-reduces of the new tokens' stream per layer."
