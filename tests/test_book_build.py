@@ -117,7 +117,7 @@ RESULTS = {
     ],
     "20_serving": [
         "every layout: the tokens of one device, token for token",
-        "FLOPs per byte an H100 does at peak",
+        "FLOPs per weight byte per prompt token",
     ],
     "19_a_training_run": [
         "1 collective, in the entry computation",

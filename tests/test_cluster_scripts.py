@@ -50,7 +50,7 @@ def commands(text: str) -> list[list[str]]:
     """A script's commands as word lists: comments dropped, continuation lines joined."""
     text = re.sub(r"\\\n", " ", text)
     lines = [line.strip() for line in text.splitlines()]
-    return [shlex.split(line) for line in lines if line and not line.startswith("#")]
+    return [shlex.split(line, comments=True) for line in lines if line and not line.startswith("#")]
 
 
 def test_the_chapter_writes_every_script_it_launches_or_shows():
