@@ -380,11 +380,7 @@ class Plan:
         ``dp``: an axis whose devices, with those of the axes inside it, fit in one domain
         stays on the fast link; otherwise its rings cross the slow one.
         """
-        inside, out = 1, {}
-        for kind in INNER_TO_OUTER:
-            inside *= self.layout[kind]
-            out[kind] = hardware.fast if inside <= hardware.domain else hardware.slow
-        return out
+        return _links(self.layout, INNER_TO_OUTER, hardware)
 
     def seconds(self, hardware) -> Seconds:
         """Compute, communication and the step's lower bound on ``hardware``."""
@@ -408,6 +404,16 @@ class Plan:
         mfu = self.flops["model"] / (bound * self.devices * hardware.peak_flops)
         kinds = {k: links[k].name for k in KINDS}
         return Seconds(compute, comm, kinds, bound, compute + sum(comm.values()), mfu)
+
+
+def _links(layout: dict, inner_to_outer: tuple, hardware: Hardware) -> dict:
+    """Each kind's link: the fast one while its devices and those of the axes inside it fit in
+    one fast domain, the slow one beyond."""
+    inside, out = 1, {}
+    for kind in inner_to_outer:
+        inside *= layout[kind]
+        out[kind] = hardware.fast if inside <= hardware.domain else hardware.slow
+    return out
 
 
 def _whole(value, name):
@@ -702,11 +708,7 @@ class ServePlan:
 
     def links(self, hardware: Hardware) -> dict:
         """Which link each kind's axis runs over, filling the fast domain from the inside."""
-        inside, out = 1, {}
-        for kind in SERVE_INNER_TO_OUTER:
-            inside *= self.layout[kind]
-            out[kind] = hardware.fast if inside <= hardware.domain else hardware.slow
-        return out
+        return _links(self.layout, SERVE_INNER_TO_OUTER, hardware)
 
     def decode_seconds(self, hardware) -> DecodeSeconds:
         """The decode step's compute, memory and communication times, and its bound."""
