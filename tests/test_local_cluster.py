@@ -84,7 +84,10 @@ def test_without_slurm_and_root_it_says_what_to_install_in_one_sentence(tmp_path
     command += ["bash", "-s", "up"]
     if is_root:
         command = ["runuser", "-u", "nobody", "--", *command]
-    done = subprocess.run(command, stdin=SCRIPT.open(), capture_output=True, text=True, timeout=30)
+    # From /, which any user may enter: a clone made by mktemp -d is its owner's alone.
+    done = subprocess.run(
+        command, stdin=SCRIPT.open(), capture_output=True, text=True, timeout=30, cwd="/"
+    )
     assert done.returncode == 1
     message = done.stderr.strip()
     assert message.count("\n") == 0 and message.endswith("."), message
