@@ -124,6 +124,11 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _is_blank(v) -> bool:
+    """An empty cell: the text ``''`` (compared as text, so no cell's own ``==`` is called)."""
+    return isinstance(v, str) and str.__str__(v) == ""
+
+
 def _cell(v) -> str:
     """A cell as text: whole numbers with thousands separators, never an error of its own."""
     if _is_number(v) and isinstance(v, int):
@@ -139,6 +144,7 @@ def _sequence(value, what: str, example: str) -> list:
 
     A string would be taken one character at a time, a dict by its keys, so both are refused.
     """
+    value = validate.plain(value)
     if (
         isinstance(value, (str, bytes, dict, set))
         or not hasattr(value, "__iter__")
@@ -179,7 +185,7 @@ def table(headers, rows, *, title: str | None = None, note: str | None = None) -
         note = validate.text(note, "the note", example="'x'", limit=2000, error=DisplayError)
     cells = [[_cell(v) for v in row] for row in rows]
     numeric = [
-        all(_is_number(v) or v == "" for v in column) and any(_is_number(v) for v in column)
+        all(_is_number(v) or _is_blank(v) for v in column) and any(_is_number(v) for v in column)
         for column in zip(*rows, strict=True)
     ] or [False] * len(headers)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
@@ -614,6 +620,7 @@ def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
     labels = _labels(labels)
     n = len(labels)
     title = _title(title)
+    groups = validate.plain(groups)
     if groups is not None and (
         not isinstance(groups, (list, tuple, np.ndarray)) or len(groups) != n
     ):
@@ -640,6 +647,7 @@ def _labels(labels) -> list[str]:
     """Node labels: a non-empty list or tuple of short texts or numbers."""
     if isinstance(labels, np.ndarray):
         labels = labels.tolist()
+    labels = validate.plain(labels)
     if not isinstance(labels, (list, tuple)) or not labels:
         raise DisplayError(
             f"labels must be a non-empty list of texts or numbers, not {validate.describe(labels)}."
@@ -651,7 +659,7 @@ def _labels(labels) -> list[str]:
         if isinstance(label, (str, int, float, np.integer, np.floating)) and not isinstance(
             label, bool
         ):
-            shown = label if isinstance(label, str) else validate.describe(label)
+            shown = validate.plain(label) if isinstance(label, str) else validate.describe(label)
             out.append(shown[:60])
         else:
             raise DisplayError(
@@ -661,9 +669,11 @@ def _labels(labels) -> list[str]:
 
 
 def _group_key(group):
+    """A group as a key (a number, a text or a chip's coordinates), read as the value it holds."""
+    group = validate.plain(validate.scalar(group))
     try:
         hash(group)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - unhashable, or a hash of the reader's own that fails
         raise DisplayError(
             f"Each group must be a number or a text naming it, not {validate.describe(group)}."
         ) from None

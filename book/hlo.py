@@ -100,7 +100,7 @@ def _text(compiled) -> str:
     program's or, as chapter 8 does on purpose, a lowered one's (``as_text(dialect="hlo")``),
     whose collectives are the ones the program writes out itself.
     """
-    validate.compiled(compiled)  # a function or a lowered program gets one sentence
+    compiled = validate.compiled(compiled)  # a function or a lowered program: one sentence
     text = compiled if isinstance(compiled, str) else compiled.as_text()
     if text.lstrip().startswith("module") or "func.func " in text[:200_000]:
         raise HloError(
@@ -634,6 +634,7 @@ def _stablehlo_text(lowered) -> str:
         )
     if isinstance(lowered, jax.stages.Lowered):
         return lowered.as_text()
+    lowered = validate.plain(lowered)
     if not isinstance(lowered, str):
         hint = ", not the function itself" if callable(lowered) else ""
         raise validate.WrongKind(

@@ -87,6 +87,7 @@ def blocks(given) -> list[tuple[str, np.ndarray]]:
 
     if isinstance(given, jax.Array):
         return device_blocks(given)
+    given = validate.plain(given)
     if not isinstance(given, (list, tuple)) or not given:
         raise ShardError(
             "Pass a jax.Array, or a list with one block per device (values, or (label, values) "
@@ -97,8 +98,9 @@ def blocks(given) -> list[tuple[str, np.ndarray]]:
     pairs = []
     for k, item in enumerate(given):
         label, values = f"device {k}", item
+        item = validate.plain(item)
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-            label, values = item[0][:60], item[1]
+            label, values = validate.plain(item[0])[:60], item[1]
         try:
             values = np.asarray(values)
         except Exception:

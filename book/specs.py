@@ -36,12 +36,15 @@ _EXAMPLES = {
 }
 
 
-def _check_length(text, what):
-    validate.text(text, f"the {what}", example=_EXAMPLES[what], limit=MAX_TEXT, error=SpecError)
+def _check_length(text, what) -> str:
+    """The text typed, as a plain ``str`` of at most ``MAX_TEXT`` characters."""
+    return validate.text(
+        text, f"the {what}", example=_EXAMPLES[what], limit=MAX_TEXT, error=SpecError
+    )
 
 
 def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
-    _check_length(text, what)
+    text = _check_length(text, what)
     body = text.strip()
     if body[:1] in "([" and body[-1:] in ")]":
         body = body[1:-1]
@@ -92,7 +95,7 @@ def parse_mesh_shape(text: str) -> tuple[int, ...]:
 
 def parse_axis_names(text: str) -> tuple[str, ...]:
     """Axis names such as ``"('data', 'model')"`` or ``"data, model"``."""
-    _check_length(text, "axis names")
+    text = _check_length(text, "axis names")
     body = text.strip()
     if body[:1] in "([" and body[-1:] in ")]":
         body = body[1:-1]
@@ -141,7 +144,7 @@ def parse_partition_spec(text: str) -> P:
     Accepted forms: an optional ``P``/``PartitionSpec`` prefix, then entries that are an axis
     name (quoted or bare), ``None``, or a parenthesised group of names.
     """
-    _check_length(text, "partition spec")
+    text = _check_length(text, "partition spec")
     toks = list(_tokens(text))
     if toks and toks[0] in (("name", "P"), ("name", "PartitionSpec")):
         if len(toks) < 2 or toks[1] != ("punct", "(") or toks[-1] != ("punct", ")"):
@@ -219,10 +222,16 @@ def _axis_sizes(mesh) -> dict[str, int]:
 
     if isinstance(mesh, Mesh):
         return dict(mesh.shape)
-    if not isinstance(mesh, Mapping):
+    given, mesh = mesh, validate.plain(mesh)
+    if isinstance(mesh, Mapping) and not isinstance(mesh, dict):
+        try:  # a mapping of the reader's own class: read once, by its items
+            mesh = dict(mesh.items())
+        except Exception:  # noqa: BLE001 - its own methods fail
+            mesh = None
+    if not isinstance(mesh, dict):
         raise SpecError(
             "The mesh must be a jax.sharding.Mesh or a mapping from axis name to size, such as "
-            f"{{'data': 2, 'model': 4}}, not {validate.describe(mesh)}."
+            f"{{'data': 2, 'model': 4}}, not {validate.describe(given)}."
         )
     if len(mesh) > validate.MAX_AXES:
         raise SpecError(f"The mesh has {len(mesh)} axes; use at most {validate.MAX_AXES}.")
@@ -261,6 +270,7 @@ def spec_text(spec: P) -> str:
     Only a formatter: an entry that is no axis name is shown as ``describe`` shows it, so a
     message quoting a reader's odd spec never fails itself.
     """
+    spec = validate.plain(spec)
     if not isinstance(spec, (P, tuple)):
         raise SpecError(
             f"The spec must be a PartitionSpec such as P('data', None), not "
@@ -279,6 +289,7 @@ def spec_text(spec: P) -> str:
 
 def names_text(names: Sequence[str]) -> str:
     """Axis names in a sentence: ``'data'``, ``'data' and 'model'``; ``no axes`` for none."""
+    names = validate.plain(names)
     if isinstance(names, str) or not isinstance(names, (tuple, list)):
         raise SpecError(
             f"The axis names must be a tuple of names such as ('data', 'model'), not "
@@ -296,6 +307,7 @@ def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_coun
     A smaller mesh is allowed, as ``jax.make_mesh`` allows it: it takes the first devices.
     """
     mesh_shape = validate.sizes(mesh_shape, "The mesh shape", error=SpecError)
+    axis_names = validate.plain(axis_names)
     if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
         raise SpecError(
             f"The axis names must be a tuple of names such as ('data', 'model'), not "

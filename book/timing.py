@@ -41,7 +41,7 @@ def format_seconds(seconds: float) -> str:
     unit of its size, ``nan`` and infinities as ``nan s`` and ``inf s``, so a wrong time is
     seen, not hidden in a unit; anything else is refused.
     """
-    value = validate.scalar(seconds)
+    value = validate.plain(validate.scalar(seconds))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise validate.BadValue(
             f"seconds must be a number of seconds such as 0.25, not {validate.describe(seconds)}."

@@ -152,7 +152,11 @@ def trace_file(log_dir) -> Path:
 
 def _path(value, what: str, example: str) -> Path:
     """A path as ``str`` or ``pathlib.Path``; anything else refused before ``pathlib`` sees it."""
-    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    try:
+        path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    except Exception:  # noqa: BLE001 - a path object of the reader's whose __fspath__ fails
+        path = None
+    path = validate.plain(path)
     if not isinstance(path, str) or not path.strip():
         raise TraceError(
             f"{what} must be a path, a str or pathlib.Path naming {example}, not "

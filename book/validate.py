@@ -87,6 +87,33 @@ def kind(value) -> str:
     return ("an " if name[:1].lower() in "aeiou" else "a ") + name
 
 
+def plain(value):
+    """A subclass of ``str``, ``int``, ``float``, ``list``, ``tuple`` or ``dict`` as that type.
+
+    Read with the built-in type's own methods, so a subclass whose ``__len__``, ``__iter__``,
+    ``strip`` or ``__eq__`` fails (or lies) is read for what it holds, and the checks below
+    never call the reader's methods. Anything else (``bool``, NumPy values, other objects) is
+    returned as it is.
+    """
+    for base, read in _PLAIN:
+        if isinstance(value, base) and type(value) is not base and not isinstance(value, bool):
+            try:
+                return read(value)
+            except Exception:  # noqa: BLE001 - a dict whose items cannot be read: as it is
+                return value
+    return value
+
+
+_PLAIN = (
+    (str, str.__str__),
+    (int, int.__int__),
+    (float, float.__float__),
+    (list, list.copy),
+    (tuple, lambda value: tuple.__getitem__(value, slice(None))),
+    (dict, lambda value: dict(dict.items(value))),
+)
+
+
 def _is_whole(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
@@ -210,14 +237,18 @@ def seconds(
     ``nan`` would switch a limit off (every comparison with it is false) and ``inf`` never
     comes, so both are refused like zero and negative numbers.
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
+    given, value = value, plain(scalar(value))
+    wanted = f"{name} must be a number of seconds such as 60, not {describe(given)}."
+    if isinstance(value, (bool, np.bool_, np.timedelta64)) or not isinstance(
         value, (int, float, np.integer, np.floating)
     ):
-        raise error(f"{name} must be a number of seconds such as 60, not {describe(value)}.")
+        raise error(wanted)
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
+    except Exception:  # noqa: BLE001 - a NumPy number whose own conversion fails
+        raise error(wanted) from None
     if math.isnan(number):
         raise error(f"{name} must be a number of seconds such as 60, not nan.")
     if number <= 0:
@@ -250,11 +281,12 @@ def text(
     """A string of at most ``limit`` characters (not empty unless ``empty``)."""
     if not isinstance(value, str):
         raise error(f"Type {name} as text, such as {example}, not {describe(value)}.")
+    value = plain(value)
     if len(value) > limit:
         raise error(f"{name[:1].upper()}{name[1:]} is too long; keep it under {limit} characters.")
     if not empty and not value.strip():
         raise error(f"{name[:1].upper()}{name[1:]} is empty; type one, such as {example}.")
-    return str.__str__(value)
+    return value
 
 
 def optional_text(value, name: str, *, example: str, error: type[ReaderError] = ReaderError):
@@ -289,6 +321,7 @@ def sizes(
     error: type[ReaderError] = ReaderError,
 ) -> tuple[int, ...]:
     """A shape given as numbers: a tuple or list of whole numbers, at most ``max_rank`` of them."""
+    value = plain(value)
     if not isinstance(value, (tuple, list)):
         raise error(f"{what} must be a tuple of whole numbers such as (8, 4), not {kind(value)}.")
     if len(value) > max_rank:
@@ -374,7 +407,7 @@ def compiled(value, what: str = "This", *, error: type[ReaderError] = WrongKind)
     import jax
 
     if isinstance(value, (str, jax.stages.Compiled)):
-        return value
+        return plain(value)
     if isinstance(value, jax.stages.Lowered):
         raise error(
             f"{what} is a lowered program, not a compiled one; pass the result of .compile() "

@@ -19,3 +19,84 @@ class Unprintable:
         raise RuntimeError("no repr")
 
     __str__ = __repr__
+
+
+class LyingText(str):
+    """A text whose own methods fail: only what it holds may be read."""
+
+    def __len__(self):
+        raise RuntimeError("len")
+
+    def strip(self, *args):
+        raise RuntimeError("strip")
+
+    def split(self, *args):
+        raise RuntimeError("split")
+
+    def __iter__(self):
+        raise RuntimeError("iter")
+
+    def __eq__(self, other):
+        raise RuntimeError("eq")
+
+    def __hash__(self):
+        raise RuntimeError("hash")
+
+
+class LyingList(list):
+    """A list whose length and iteration fail."""
+
+    def __len__(self):
+        raise RuntimeError("len")
+
+    def __iter__(self):
+        raise RuntimeError("iter")
+
+
+class LyingTuple(tuple):
+    """A tuple whose length, iteration and indexing fail."""
+
+    def __len__(self):
+        raise RuntimeError("len")
+
+    def __iter__(self):
+        raise RuntimeError("iter")
+
+    def __getitem__(self, index):
+        raise RuntimeError("getitem")
+
+
+class LyingDict(dict):
+    """A mapping whose length, keys and items fail."""
+
+    def __len__(self):
+        raise RuntimeError("len")
+
+    def __iter__(self):
+        raise RuntimeError("iter")
+
+    def keys(self):
+        raise RuntimeError("keys")
+
+    def items(self):
+        raise RuntimeError("items")
+
+
+class LyingNumber(float):
+    """A number whose conversion and comparisons fail."""
+
+    def __float__(self):
+        raise RuntimeError("float")
+
+    def __lt__(self, other):
+        raise RuntimeError("lt")
+
+    def __gt__(self, other):
+        raise RuntimeError("gt")
+
+
+def lying(kind, held):
+    """``held`` as a subclass of its built-in type whose own methods fail."""
+    return {"text": LyingText, "list": LyingList, "tuple": LyingTuple, "dict": LyingDict}.get(
+        kind, LyingNumber
+    )(held)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hostile_values import Unprintable, holding_itself
+from hostile_values import Unprintable, holding_itself, lying
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
@@ -119,6 +119,47 @@ def test_a_jnp_scalar_is_the_number_it_holds():
     assert validate.number(jnp.float32(0.5), "x") == 0.5
     with pytest.raises(ReaderError):
         validate.whole(jnp.float32(8), "n")
+
+
+# Subclasses of built-in types whose own methods fail: read for what they hold ------------
+
+
+def test_a_subclass_whose_methods_fail_is_read_for_what_it_holds():
+    assert validate.sizes(lying("tuple", (8, 4)), "shape") == (8, 4)
+    assert validate.sizes(lying("list", [8]), "shape") == (8,)
+    assert validate.text(lying("text", " x "), "the name", example="'x'") == " x "
+    assert validate.seconds(lying("number", 60.0), "timeout") == 60.0
+    assert validate.seconds(np.array(0.5), "timeout") == 0.5  # a 0-d array is the number
+    assert timing.format_seconds(lying("number", 0.5)) == timing.format_seconds(0.5)
+    assert specs.parse_mesh_shape(lying("text", "2x4")) == (2, 4)
+    assert specs.parse_axis_names(lying("text", "data, model")) == ("data", "model")
+    assert specs.parse_partition_spec(lying("text", "P('data')")) == P("data")
+    specs.check_mesh(lying("list", [2, 4]), lying("tuple", ("a", "b")), 8)
+    specs.check_sharding((8, 4), lying("dict", {"data": 8}), lying("text", "P('data')"))
+    assert specs.spec_text(lying("tuple", ("data", None))) == "P('data', None)"
+    table = display.table(lying("list", ["op"]), lying("list", [lying("list", ["x"])]))
+    assert "x" in table.text
+    ring = display.ring_diagram(lying("tuple", ("a", "b")), groups=lying("list", [0, 0]))
+    assert "a" in ring.text
+    before = display.before_after_table(lying("list", [np.ones(1)]), [np.zeros(1)])
+    assert "device 0" in before.text
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: validate.seconds(np.timedelta64(8, "s"), "timeout"),
+        lambda: display.table(["op"], [[lying("text", "")]]),
+        lambda: display.verdict_html(True, lying("text", "x")),
+        lambda: display.table(["a"], [[np.ones((2, 2))]]),
+        lambda: display.table(["a"], [[np.zeros(0)], [""]]),
+        lambda: display.ring_diagram(["a"], groups=[lying("text", "chip")]),
+        lambda: hlo.collectives(lying("text", "HloModule m")),
+        lambda: trace.read(lying("text", "no/such/trace.json.gz")),
+    ],
+)
+def test_odd_values_inside_tables_texts_and_paths_give_a_result_or_one_sentence(call):
+    result_or_sentence(call)
 
 
 # book.cost: every formula takes sizes, bytes and counts, or says which is wrong -------------
