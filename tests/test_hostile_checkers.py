@@ -11,12 +11,14 @@ verdict everything is as it was.
 """
 
 import inspect
+import io
 import math
 import os
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from fractions import Fraction
 
 import jax
@@ -262,6 +264,40 @@ def test_a_checkers_scratch_folder_goes_when_the_answer_never_returns(short_limi
     assert not verdict.ok and "still ran" in verdict.message
     assert folders and not folders[0].exists()
     wait_for_no_checker_thread()
+
+
+def test_process_wide_python_settings_an_answer_changes_are_put_back():
+    limit, filters, streams = sys.getrecursionlimit(), list(warnings.filters), sys.stdout
+
+    def step_flops(sizes):
+        sys.setrecursionlimit(60)
+        warnings.simplefilter("error")
+        sys.stdout = io.StringIO()
+        return 1.0
+
+    verdict = exercises.ch17_step_flops(step_flops)
+    assert verdict.judged and not verdict.ok, verdict.message
+    assert sys.getrecursionlimit() == limit and warnings.filters == filters
+    assert sys.stdout is streams
+    assert exercises.ch17_step_flops(lambda sizes: 1.0).judged  # the next check still runs
+
+
+def test_an_answer_that_calls_os_exit_is_judged_and_the_kernel_lives_on():
+    real = os._exit
+
+    def step_flops(sizes):
+        os._exit(3)
+
+    verdict = exercises.ch17_step_flops(step_flops)
+    judged_in_one_sentence(verdict)
+    assert "SystemExit (3)" in verdict.message and os._exit is real
+
+
+@pytest.mark.parametrize("name", ["ch01_chip_rows", "ch01_reversed_mesh"])
+def test_a_library_function_that_fails_as_the_answer_is_refused_as_the_readers(name):
+    verdict = getattr(exercises, name)(np.sum)
+    judged_in_one_sentence(verdict)
+    assert not verdict.ok and "Your answer raised" in verdict.message
 
 
 @pytest.mark.parametrize(

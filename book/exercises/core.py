@@ -28,6 +28,7 @@ import threading
 import time
 import timeit
 import traceback
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,17 +184,17 @@ def _run_limited(func, args, kwargs, seconds: float) -> Verdict:
             raise
         if thread.is_alive():
             return _overtime(thread, seconds)
-        return _verdict(outcome)
+        return _verdict(outcome, (*args, *kwargs.values()))
     finally:
         with contextlib.suppress(Exception):  # putting things back must not cost the verdict
             world.restore(thread)
 
 
-def _verdict(outcome: dict) -> Verdict:
+def _verdict(outcome: dict, answers: tuple = ()) -> Verdict:
     if "wrong" in outcome:
         return Verdict(False, _text(outcome["wrong"], None) or "The answer is not right yet.")
     if "error" in outcome:
-        return _failure(outcome["error"])
+        return _failure(outcome["error"], answers)
     if "message" in outcome:
         return Verdict(True, str(outcome["message"]))
     return Verdict(False, "The check was stopped before it finished; run it again.", False)
@@ -306,8 +307,11 @@ class _World:
     reader's own patch), the names the reader's functions read clocks through, the working
     folder and the environment are put back; the checker's scratch folders are removed; child
     processes started meanwhile are killed, with their own children; Python threads started
-    meanwhile that run the reader's code are asked to stop. Put back after the verdict whether
-    the check finished or not, so nothing outlives a check that had to be abandoned.
+    meanwhile that run the reader's code are asked to stop. Python's own process-wide settings
+    an answer may change are put back too: the recursion limit, the warnings filters and the
+    standard streams. While the check runs, ``os._exit`` called from the reader's code raises
+    ``SystemExit`` in its thread instead of ending the kernel. Put back after the verdict
+    whether the check finished or not, so nothing outlives a check that had to be abandoned.
 
     Processes are found as descendants of this one, so a process that has left the tree by the
     time the check ends (a daemon that forks twice, or a job a shell started in the background
@@ -333,9 +337,23 @@ class _World:
         self.threads = set(threading.enumerate())
         self.children = _descendants()
         self.folders: list[str] = []
+        self.recursion_limit = sys.getrecursionlimit()
+        self.warnings = list(warnings.filters)
+        self.streams = (sys.stdin, sys.stdout, sys.stderr)
+        self.exit = os._exit
+        os._exit = _exit_in_thread(self.exit)
 
     def restore(self, checker: threading.Thread) -> None:
         import jax
+
+        os._exit = self.exit
+        sys.stdin, sys.stdout, sys.stderr = self.streams
+        with contextlib.suppress(Exception):
+            sys.setrecursionlimit(self.recursion_limit)
+        if warnings.filters != self.warnings:
+            warnings.filters[:] = self.warnings
+            with contextlib.suppress(Exception):  # tells Python's cache the filters changed
+                warnings._filters_mutated()
 
         for name, value in self.config.items():
             try:
@@ -369,6 +387,24 @@ class _World:
             _stop_all(started, _GRACE)
         for folder in self.folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _exit_in_thread(real):
+    """``os._exit`` for the time of a check: ``SystemExit`` in any thread but the main one.
+
+    The reader's code runs in the checker's thread (or threads it starts), so ending the whole
+    process from there would end the kernel with the check; a process forked meanwhile (whose
+    pid differs) still exits for real.
+    """
+    owner = os.getpid()
+
+    @functools.wraps(real)
+    def exit_(status):
+        if os.getpid() == owner and threading.current_thread() is not threading.main_thread():
+            raise SystemExit(status)
+        real(status)
+
+    return exit_
 
 
 def _cwd() -> str | None:
@@ -472,13 +508,15 @@ def _text(err, limit: int | None = 120) -> str:
     return first if limit is None or len(first) <= limit else first[: limit - 3] + "..."
 
 
-def _failure(err: BaseException) -> Verdict:
+def _failure(err: BaseException, answers: tuple = ()) -> Verdict:
     """Where an exception came from decides whose it is: the reader's code, or the checker's.
 
     A line of the reader's on the way is theirs. So is an error JAX raised while it handled the
     reader's function (a wrong signature, a result that is no array): JAX may have removed its
-    own frames from the traceback, but it says so in a note, or leaves its frames marked. What
-    is raised in the checker's own lines, with nothing of the reader's below, is the checker's.
+    own frames from the traceback, but it says so in a note, or leaves its frames marked; and
+    one raised inside a library function given as the answer (``np.sum`` passed where the
+    exercise wants a function of the reader's own). What is raised in the checker's own lines,
+    with nothing of the reader's below, is the checker's.
     """
     frames = traceback.extract_tb(err.__traceback__)
     mine = [f for f in frames if _is_readers(f.filename)]
@@ -490,6 +528,12 @@ def _failure(err: BaseException) -> Verdict:
         )
     if _through_jax(err, frames):
         return Verdict(False, f"Your code raised {what} inside JAX; fix that and check again.")
+    if _in_answers(err, answers):
+        return Verdict(
+            False,
+            f"Your answer raised {what}; pass a function of your own, as the exercise's cell "
+            "defines it.",
+        )
     last = frames[-1] if frames else None
     where = f" in {os.path.basename(last.filename)} line {last.lineno}" if last else ""
     return Verdict(
@@ -498,6 +542,29 @@ def _failure(err: BaseException) -> Verdict:
         "this is not a verdict on your code.",
         judged=False,
     )
+
+
+def _codes(answer) -> set:
+    """The code objects an answer runs when it is called: its own, or its class's or wrapper's."""
+    found = set()
+    with contextlib.suppress(Exception):  # an answer whose attributes cannot be read
+        for fn in (
+            answer,
+            inspect.unwrap(answer),
+            getattr(answer, "func", None),  # functools.partial
+            getattr(answer, "__init__", None),
+            getattr(answer, "__call__", None),  # noqa: B004 - the method, not callable()
+        ):
+            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            if inspect.iscode(code):
+                found.add(code)
+    return found
+
+
+def _in_answers(err: BaseException, answers: tuple) -> bool:
+    """Whether ``err`` was raised inside the code of one of the answers (a library function)."""
+    codes = set().union(*(_codes(a) for a in answers if callable(a))) if answers else set()
+    return any(frame.f_code in codes for frame, _ in traceback.walk_tb(err.__traceback__))
 
 
 def _through_jax(err: BaseException, frames) -> bool:
