@@ -45,8 +45,25 @@ def schedule(p, m, v=1):
     return work(np.arange(steps)[None, :], np.arange(p)[:, None], m, v)
 
 
+def item(k, m, v, p, depth_first=False):
+    """Item k's microbatch and layer group: (k mod m, k // m), every microbatch's
+    first trip before any second one; depth-first, p microbatches at a time make
+    all v trips before the next p start."""
+    if not depth_first:
+        return k % m, k // m
+    return k // (v * p) * p + k % p, k % (v * p) // p
+
+
 def pipeline_loss(
-    params, tokens, targets, cfg, v=1, axes=(), policy=None, remat_group=False
+    params,
+    tokens,
+    targets,
+    cfg,
+    v=1,
+    axes=(),
+    policy=None,
+    remat_group=False,
+    depth_first=False,
 ):
     """The loss of m microbatches through the stages of the `stage` axis, on one stage.
 
@@ -54,10 +71,12 @@ def pipeline_loss(
     tokens and targets: (m, microbatch, seq), the same on every stage. axes: the mesh's
     axes among INNER_AXES, which split each stage's work. remat_group: recompute the
     selected group in the backward instead of keeping its weights at every step.
+    depth_first: the circular schedule's items in depth-first order (see `item`).
     """
     m = tokens.shape[0]
     p, s = jax.lax.axis_size("stage"), jax.lax.axis_index("stage")
-    assert v == 1 or m >= p, "a microbatch must be back at stage 0 for its next trip"
+    trips = m % p == 0 if depth_first else m >= p
+    assert v == 1 or trips, "a microbatch must be back at stage 0 for its next trip"
     mine = jax.tree.map(lambda a: a[0], params["blocks"])
     ends = {name: params[name] for name in ("embed", "final_norm", "unembed")}
     if "data" in axes:  # cast once, so that the gradients' all-reduce runs once too
@@ -81,16 +100,18 @@ def pipeline_loss(
     def step(carry, t):
         state, buffer = carry
         k = work(t, s, m, v)
-        state = jnp.where(s == 0, buffer[t % m], state)  # stage 0 starts item t
+        first = item(t, m, v, p, depth_first)[0] % m  # stage 0 starts item t
+        state = jnp.where(s == 0, buffer[first], state)
         # With v = 1 the group is the same at every step, so jax.grad keeps its
         # weights once; with v > 1 the index depends on the step, and jax.grad keeps
         # the selected group's weights at every step, unless remat_group.
-        index = 0 if v == 1 else jnp.maximum(k, 0) // m
+        index = 0 if v == 1 else item(jnp.maximum(k, 0), m, v, p, depth_first)[1]
         state = run_group(state, mine, index)
         state = jax.lax.ppermute(state, "stage", ring)
         # What the last stage finished at this step has reached stage 0: to its slot.
         done = work(t, p - 1, m, v)
-        slot, keep = done % m, (s == 0) & (done >= 0)
+        slot = item(jnp.maximum(done, 0), m, v, p, depth_first)[0]
+        keep = (s == 0) & (done >= 0)
         buffer = buffer.at[slot].set(jnp.where(keep, state, buffer[slot]))
         return (state, buffer), k
 
@@ -215,7 +236,16 @@ def cross_entropy(y, unembed, targets, axes):
 
 
 def make_pipeline(
-    cfg, params, mesh, tokens, targets, m, v=1, policy=None, remat_group=False
+    cfg,
+    params,
+    mesh,
+    tokens,
+    targets,
+    m,
+    v=1,
+    policy=None,
+    remat_group=False,
+    depth_first=False,
 ):
     """The jitted pipeline step on mesh, and its arguments placed on the mesh.
 
@@ -228,7 +258,7 @@ def make_pipeline(
 
     def step(params, tokens, targets):
         loss_and_grad = jax.value_and_grad(pipeline_loss, has_aux=True)
-        args = (cfg, v, axes, policy, remat_group)
+        args = (cfg, v, axes, policy, remat_group, depth_first)
         return loss_and_grad(params, tokens, targets, *args)
 
     out_specs = ((P(), P("stage")), specs)
