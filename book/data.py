@@ -31,7 +31,11 @@ _KINDS = "biufc"  # booleans, integers, floats and complex numbers: what a jax.A
 
 
 def _folder(folder, what: str) -> Path:
-    path = os.fspath(folder) if isinstance(folder, os.PathLike) else folder
+    try:
+        path = os.fspath(folder) if isinstance(folder, os.PathLike) else folder
+    except Exception:  # noqa: BLE001 - a path object of the reader's whose __fspath__ fails
+        path = None
+    path = validate.plain(path)
     if not isinstance(path, str) or not path.strip():
         raise ReaderError(f"{what} must be a folder path, not {validate.describe(folder)}.")
     if "\0" in path:
@@ -128,6 +132,7 @@ class Source:
         Row numbers run from 0 to ``num_examples - 1``; a negative one is refused rather than
         counted from the end, as NumPy would, since no example is numbered -1.
         """
+        field = validate.plain(field)
         if not isinstance(field, str) or field not in self.fields:
             raise ReaderError(
                 f"{validate.describe(field)} is not a field of the source; use one of "
@@ -255,6 +260,7 @@ class Batch:
             raise ReaderError(
                 f"A Batch reads from a book.data.Source, not {validate.describe(self.source)}."
             )
+        object.__setattr__(self, "field", validate.plain(self.field))
         if not isinstance(self.field, str) or self.field not in self.source.fields:
             raise ReaderError(
                 f"{validate.describe(self.field)} is not a field of the source; use one of "
@@ -276,6 +282,7 @@ class Batch:
         This is the shape of index that ``jax.make_array_from_callback`` passes; only the rows
         its first slice selects are read.
         """
+        index = validate.plain(index)
         if not isinstance(index, (tuple, list)) or not all(isinstance(i, slice) for i in index):
             raise ReaderError(
                 "index must be a tuple of slices, one per dimension, as "

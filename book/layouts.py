@@ -63,6 +63,7 @@ class Choice:
 
 def _rules(rules) -> tuple[str, dict]:
     """A table's name and its rules, from a name of ``TABLES`` or a dict a reader wrote."""
+    rules = validate.plain(rules)
     if isinstance(rules, str):
         name = validate.choice(rules, list(TABLES), "a rules table", error=specs.SpecError)
         return name, TABLES[name]
@@ -100,6 +101,7 @@ def check(rules, mesh_shape, batch=BATCH, seq=SEQ) -> Choice:
     import jax
 
     name, table = _rules(rules)
+    mesh_shape = validate.plain(mesh_shape)
     if isinstance(mesh_shape, (tuple, list)):  # sizes as numbers, as code may pass them
         sizes = validate.sizes(mesh_shape, "the mesh shape", error=specs.SpecError)
         mesh_shape = "x".join(map(str, sizes))

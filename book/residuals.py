@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 from jax.ad_checkpoint import print_saved_residuals
 
+from book import validate
 from book.errors import ReaderError
 
-_TYPE = re.compile(r"(bool|bf16|[fiuc]\d+)\[([\d,]*)\]")
+_TYPE = re.compile(r"(bool|bf16|[fiuc]\d{1,3})\[((?:\d{1,12}(?:,\d{1,12})*)?)\]", re.ASCII)
 _WHERE = re.compile(r" from \S+:\d+(?::\d+)? \((.+)\)$")
 _KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
 
@@ -51,6 +52,9 @@ def _dtype(short: str) -> str:
 
 def parse(text: str) -> list[Residual]:
     """The residuals in a printout of ``print_saved_residuals``, one per line, in its order."""
+    text = validate.text(
+        text, "the printout", example="'f32[512,16] from the argument x'", limit=2**31, empty=True
+    )
     found = []
     for line in text.splitlines():
         if not line.strip():
@@ -74,6 +78,7 @@ def saved(f, *args) -> list[Residual]:
     It only traces ``f``. Called while ``shard_map`` traces its body, it lists one device's
     residuals, with the shapes of one device's blocks.
     """
+    validate.callable_(f, "f")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         print_saved_residuals(f, *args)
@@ -82,4 +87,12 @@ def saved(f, *args) -> list[Residual]:
 
 def total_bytes(residuals) -> int:
     """The bytes of a list of residuals together."""
+    residuals = validate.plain(residuals)
+    if not isinstance(residuals, (list, tuple)) or not all(
+        isinstance(r, Residual) for r in residuals
+    ):
+        raise ReaderError(
+            "Pass a list of residuals, such as book.residuals.saved returns, not "
+            f"{validate.describe(residuals)}."
+        )
     return sum(r.nbytes for r in residuals)

@@ -145,6 +145,37 @@ def test_a_subclass_whose_methods_fail_is_read_for_what_it_holds():
     assert "device 0" in before.text
 
 
+def test_data_fields_folders_and_indices_are_read_for_what_they_hold(tmp_path):
+    source = data.write(lying("text", str(tmp_path / "d")), x=np.arange(12.0).reshape(4, 3))
+    assert data.Source(lying("text", str(tmp_path / "d"))).num_examples == 4
+    np.testing.assert_array_equal(source.read(lying("text", "x"), [1]), [[3.0, 4.0, 5.0]])
+    batch = data.Batch(source, lying("text", "x"), [2, 3])
+    assert batch.read(lying("tuple", (slice(0, 1),))).tolist() == [[6.0, 7.0, 8.0]]
+    assert batch.read(lying("list", [slice(1, 2)])).tolist() == [[9.0, 10.0, 11.0]]
+
+
+def test_layouts_perms_and_models_read_subclasses_or_refuse_in_one_sentence():
+    from book import layouts, residuals
+    from book.forms import collective
+
+    rules = {"batch": "data", "embed": None}
+    assert layouts.check(lying("dict", rules), lying("text", "8")).rules
+    assert collective.parse_perm(lying("text", "shift"), 4) == ((0, 1), (1, 2), (2, 3))
+    for call in (
+        lambda: models.forward(lying("dict", PARAMS), X),
+        lambda: residuals.parse(lying("list", ["f32[2] x"])),
+        lambda: residuals.parse(8),
+        lambda: residuals.total_bytes([1, 2]),
+        lambda: residuals.total_bytes(lying("list", [])),
+        lambda: residuals.saved(None, 1.0),
+    ):
+        result_or_sentence(call)
+    (found,) = residuals.parse(lying("text", "f32[512,16] from the argument x"))
+    assert found.nbytes == 512 * 16 * 4 and residuals.total_bytes((found,)) == found.nbytes
+    with pytest.raises(ReaderError):  # a size of 5,000 digits is no printout's
+        residuals.parse("f32[" + "9" * 5000 + "] x")
+
+
 @pytest.mark.parametrize(
     "call",
     [

@@ -48,6 +48,7 @@ def parse_perm(text: str, size: int) -> tuple[tuple[int, int], ...]:
     axis and no position sends or receives twice.
     """
     size = validate.whole(size, "The axis size", high=validate.MAX_DEVICES, error=specs.SpecError)
+    text = validate.plain(text)
     if not isinstance(text, str) or len(text) > specs.MAX_TEXT:
         raise specs.SpecError(
             f"Type the permutation as shift, ring, or pairs such as (0, 1), (1, 0), in under "
