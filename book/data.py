@@ -43,6 +43,11 @@ def _folder(folder, what: str) -> Path:
     return Path(path)
 
 
+def _shown(path) -> str:
+    """A path as a message quotes it: on one line, a long one cut short."""
+    return validate.describe(str(path), 120)
+
+
 def _open_field(path: Path, where: str) -> np.ndarray:
     """A field's file, memory-mapped: only a regular file, so a pipe cannot block the reader.
 
@@ -55,14 +60,14 @@ def _open_field(path: Path, where: str) -> np.ndarray:
         regular = False
     if not regular:
         raise ReaderError(
-            f"{path.name}{where} is not a regular file (a folder, a pipe or a device); keep only "
-            "the fields book.data.write saves there."
+            f"{_shown(path.name)}{where} is not a regular file (a folder, a pipe or a device); "
+            "keep only the fields book.data.write saves there."
         )
     try:
         return np.load(path, mmap_mode="r")
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same mistake
         raise ReaderError(
-            f"{path.name}{where} is not a readable .npy file of numbers "
+            f"{_shown(path.name)}{where} is not a readable .npy file of numbers "
             f"({type(err).__name__}); write it again with book.data.write."
         ) from None
 
@@ -71,7 +76,9 @@ def _field_paths(folder: Path) -> list[Path]:
     try:
         return sorted(folder.glob("*.npy")) if folder.is_dir() else []
     except OSError as err:
-        raise ReaderError(f"{folder} cannot be read ({err.strerror}); check the path.") from None
+        raise ReaderError(
+            f"{_shown(folder)} cannot be read ({err.strerror}); check the path."
+        ) from None
 
 
 def _check_field(name: str, values: np.ndarray, where: str) -> None:
@@ -112,16 +119,18 @@ class Source:
         self.folder = _folder(folder, "The source")
         paths = _field_paths(self.folder)
         if not paths:
-            raise ReaderError(f"There are no .npy files in {self.folder}; write the data first.")
+            raise ReaderError(
+                f"There are no .npy files in {_shown(self.folder)}; write the data first."
+            )
         self.fields = {}
         for path in paths:
-            self.fields[path.stem] = _open_field(path, f" in {self.folder}")
-            _check_field(path.stem, self.fields[path.stem], f" in {self.folder}")
+            self.fields[path.stem] = _open_field(path, f" in {_shown(self.folder)}")
+            _check_field(path.stem, self.fields[path.stem], f" in {_shown(self.folder)}")
         sizes = {len(a) for a in self.fields.values()}
         if len(sizes) != 1:
             raise ReaderError(
-                f"The fields in {self.folder} have different numbers of rows ({sorted(sizes)}); "
-                "write them all with the same number of examples."
+                f"The fields in {_shown(self.folder)} have different numbers of rows "
+                f"({sorted(sizes)}); write them all with the same number of examples."
             )
         self.num_examples = sizes.pop()
         self.reads: list[int] = []
@@ -179,11 +188,11 @@ def write(folder, **fields) -> Source:
     for path in _field_paths(folder):
         if path.stem in arrays:
             continue
-        kept = _open_field(path, f" in {folder}")
-        _check_field(path.stem, kept, f" in {folder}")
+        kept = _open_field(path, f" in {_shown(folder)}")
+        _check_field(path.stem, kept, f" in {_shown(folder)}")
         if len(kept) != rows:
             raise ReaderError(
-                f"{folder} already holds field {path.stem!r} with {len(kept):,} rows, not "
+                f"{_shown(folder)} already holds field {path.stem!r} with {len(kept):,} rows, not "
                 f"{rows:,}; write into an empty folder, or write {path.stem!r} again too."
             )
     written = []
@@ -198,7 +207,7 @@ def write(folder, **fields) -> Source:
         for partial, _ in written:
             partial.unlink(missing_ok=True)
         raise ReaderError(
-            f"Could not write to {folder} ({err.strerror}); check the path."
+            f"Could not write to {_shown(folder)} ({err.strerror}); check the path."
         ) from None
     for partial, path in written:
         os.replace(partial, path)

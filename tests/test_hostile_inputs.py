@@ -154,6 +154,15 @@ def test_data_fields_folders_and_indices_are_read_for_what_they_hold(tmp_path):
     assert batch.read(lying("list", [slice(1, 2)])).tolist() == [[9.0, 10.0, 11.0]]
 
 
+@pytest.mark.parametrize("name", ["x" * 100_000, "a\nb", "/" + "y" * 300 + "/z"])
+def test_a_long_or_multiline_folder_is_quoted_short_on_one_line(tmp_path, name):
+    with contextlib.chdir(tmp_path):
+        with pytest.raises(ReaderError) as caught:
+            data.Source(name)
+        one_sentence(caught.value)
+        result_or_sentence(lambda: data.write(name, x=np.arange(3.0)))
+
+
 def test_layouts_perms_and_models_read_subclasses_or_refuse_in_one_sentence():
     from book import layouts, residuals
     from book.forms import collective
