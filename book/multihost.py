@@ -167,19 +167,36 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
 
 
 def _check_script(script) -> Path:
-    if not isinstance(script, (str, os.PathLike)) or not str(script).strip():
+    try:
+        text = os.fspath(script) if isinstance(script, os.PathLike) else script
+    except Exception:  # noqa: BLE001 - a path object of the reader's whose __fspath__ fails
+        text = None
+    text = validate.plain(text)
+    if not isinstance(text, str) or not text.strip():
         raise ReaderError(
             f"script must be a path to a Python file, not {validate.describe(script)}."
         )
-    if "\0" in str(script):
+    if "\0" in text:
         raise ReaderError("The script's path holds a NUL character; check the path you passed.")
-    path = Path(script).expanduser().resolve()
-    if not path.is_file():
-        raise ReaderError(f"There is no worker script at {path}; check the path you passed.")
+    try:
+        path = Path(text).expanduser().resolve()
+        found = path.is_file()
+    except (OSError, RuntimeError) as err:  # a name too long, or ~user of no such user
+        why = getattr(err, "strerror", None) or "no such home folder"
+        raise ReaderError(
+            f"The script's path {validate.describe(text, 120)} cannot be read ({why}); check "
+            "the path you passed."
+        ) from None
+    if not found:
+        raise ReaderError(
+            f"There is no worker script at {validate.describe(str(path), 120)}; check the path "
+            "you passed."
+        )
     return path
 
 
 def _check_args(args) -> list[str]:
+    args = validate.plain(args)
     if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
         raise ReaderError(
             f"args must be a list or tuple of arguments, such as ['data', 3], not "
@@ -187,6 +204,7 @@ def _check_args(args) -> list[str]:
         )
     out = []
     for arg in args:
+        arg = validate.plain(arg)
         if isinstance(arg, bool) or not isinstance(
             arg, (str, int, float, os.PathLike, np.integer, np.floating)
         ):
@@ -198,7 +216,15 @@ def _check_args(args) -> list[str]:
                 raise ReaderError("An argument is a number too large for a command line.")
             text = str(int(arg))
         else:
-            text = str(arg)
+            try:
+                text = os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg)
+            except Exception:  # noqa: BLE001 - a path object whose own conversion fails
+                text = None
+            if not isinstance(text, str):
+                raise ReaderError(
+                    f"Each argument must be a text, a number or a path, not "
+                    f"{validate.describe(arg)}."
+                )
         if "\0" in text:
             raise ReaderError("An argument holds a NUL character, which no command line can carry.")
         out.append(text)
@@ -227,20 +253,32 @@ def _check_env(env, n: int) -> list[dict[str, str | None]]:
                     "variables for every process index."
                 ) from None
         else:
-            extra = env or {}
+            extra = {} if env is None else env
+        extra = validate.plain(extra)
+        if isinstance(extra, Mapping) and not isinstance(extra, dict):
+            try:  # a mapping of the reader's own class: read once, by its items
+                extra = dict(extra.items())
+            except Exception:  # noqa: BLE001 - its own methods fail
+                extra = None
         if not isinstance(extra, Mapping):
             raise ReaderError(
                 f"env({i}) gave {validate.describe(extra)}; return a mapping of variables."
             )
         checked = {}
         for key, value in extra.items():
+            key, value = validate.plain(key), validate.plain(value)
+            if isinstance(value, os.PathLike):
+                try:
+                    value = os.fspath(value)
+                except Exception:  # noqa: BLE001 - a path object whose conversion fails
+                    value = object()
             if not isinstance(key, str) or not key or "=" in key or "\0" in key:
                 raise ReaderError(
                     f"{validate.describe(key)} is not a variable name; use names such as "
                     "'SLURM_PROCID'."
                 )
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (str, int, float, os.PathLike))
+                isinstance(value, bool) or not isinstance(value, (str, int, float))
             ):
                 raise ReaderError(
                     f"The variable {key!r} is set to {validate.describe(value)}; give a text, "

@@ -700,6 +700,83 @@ def test_a_text_whose_own_methods_fail_is_read_by_what_it_holds():
     assert plan.decode_seconds(StrangeText("H100")) == plan.decode_seconds("H100")
 
 
+# book.multihost: a script, its arguments and environment, checked before any worker starts -
+
+
+class PathOf(os.PathLike):
+    """A path object of the reader's own, whose ``__fspath__`` gives ``path`` or raises it."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __fspath__(self):
+        if isinstance(self.path, Exception):
+            raise self.path
+        return self.path
+
+
+class Checked(Exception):
+    """Every argument passed its check: the launch would start here."""
+
+
+@pytest.fixture
+def no_workers(monkeypatch, tmp_path):
+    from book import multihost
+
+    def stop():
+        raise Checked
+
+    monkeypatch.setattr(multihost, "_sweep_stale_folders", stop)
+    script = tmp_path / "worker.py"
+    script.write_text("print('hi')\n")
+    return multihost, str(script)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        PathOf(RuntimeError("fspath")),
+        PathOf(b"/tmp"),
+        "/tmp/" + "x" * 5000,
+        "/tmp/" + "y" * 300 + "/z",
+        "~no_such_user_of_the_book/x.py",
+        lying("text", "no/such/script.py"),
+    ],
+)
+def test_a_script_path_that_cannot_be_read_is_refused_in_one_sentence(no_workers, script):
+    multihost, _ = no_workers
+    with pytest.raises(ReaderError) as caught:
+        multihost.launch(script)
+    one_sentence(caught.value)
+
+
+@pytest.mark.parametrize(
+    "args, env",
+    [
+        ([lying("number", 0.5), lying("text", "x")], None),
+        (lying("tuple", ("a", "b")), None),
+        (lying("list", ["a"]), lying("dict", {"A": "1"})),
+        ([PathOf("/tmp")], {"A": PathOf("/tmp"), "B": lying("text", "2")}),
+    ],
+)
+def test_launch_reads_subclassed_arguments_for_what_they_hold(no_workers, args, env):
+    multihost, script = no_workers
+    with pytest.raises(Checked):
+        multihost.launch(script, args=args, env=env)
+    assert multihost._check_args(args)[-1] in ("x", "b", "a", "/tmp")
+
+
+@pytest.mark.parametrize(
+    "args, env",
+    [([PathOf(RuntimeError("fspath"))], None), ([], {"A": PathOf(RuntimeError("fspath"))})],
+)
+def test_launch_refuses_a_path_argument_that_cannot_be_read(no_workers, args, env):
+    multihost, script = no_workers
+    with pytest.raises(ReaderError) as caught:
+        multihost.launch(script, args=args, env=env)
+    one_sentence(caught.value)
+
+
 # book.jobs: what chapter 19 passes to a batch job, checked before sbatch runs -------------
 
 
