@@ -345,8 +345,21 @@ def test_records_that_cannot_be_quoted_are_described(result):
 @pytest.mark.parametrize("value", [1e308, -1e300, Fraction(1, 3), 0.25])
 def test_a_huge_or_fractional_number_is_quoted_as_it_is(value):
     for verdict in (
+        exercises.ch12_dp_tp_bytes(value),
+        exercises.ch13_block_bytes(value),
+        exercises.ch15_all_to_all_bytes(value),
         exercises.ch20_tp_token_bytes(value),
         exercises.ch20_largest_batch(185, value),
     ):
         judged_in_one_sentence(verdict)
-        assert len(verdict.message) < 200 and "Not 0 bytes" not in verdict.message
+        assert len(verdict.message) < 300 and "Not 0 bytes" not in verdict.message
+        assert "Not -0 bytes" not in verdict.message
+
+
+@pytest.mark.parametrize("name", ["ch06_both_ways", "ch11_column_means", "ch14_stage_work"])
+@pytest.mark.parametrize("answer", [np.int64(3), np.arange(2), "f"], ids=repr)
+def test_an_answer_that_is_no_function_is_named_as_describe_names_it(name, answer):
+    verdict = getattr(exercises, name)(answer)
+    judged_in_one_sentence(verdict)
+    assert " a int64" not in verdict.message and " a ndarray" not in verdict.message
+    assert " a str." not in verdict.message

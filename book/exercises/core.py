@@ -611,6 +611,19 @@ def returned(value, what: str, wanted: str):
     raise Wrong(f"{what} returned {validate.describe(value)}; return {wanted}.")
 
 
+def shown(value: float, decimals: int = 0) -> str:
+    """A number for a sentence: with commas, or in e-notation when that would run to pages.
+
+    A fraction stays one (1/3 of a byte is not 0 bytes), so a verdict never says a reader
+    answered what they did not.
+    """
+    if abs(value) >= 1e15:
+        return f"{value:.3g}"
+    if not decimals and value != round(value):
+        return f"{value:.6g}"
+    return f"{value:,.{decimals}f}"
+
+
 def number(value, what: str, wanted: str = "a number") -> float:
     """A finite real number: a Python, NumPy or 0-d JAX number, not ``nan`` nor ``10**400``."""
     return validate.number(value, what, low=-math.inf, wanted=wanted, error=Wrong)

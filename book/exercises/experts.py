@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from book.exercises.core import Wrong, answered, checker, function, line_mesh, need, number
+from book.exercises.core import shown as _shown
 
 # Exercise 15.3's problem: the chapter's text states these numbers.
 A2A_PROBLEM = {
@@ -298,11 +299,11 @@ def ch15_all_to_all_bytes(sent_per_device):
     for value, why in wrong.items():
         need(
             abs(sent_per_device - value) > 0.5 or abs(value - real) <= 0.5,
-            f"Not {sent_per_device:,.0f} bytes: {why}.",
+            f"Not {_shown(sent_per_device)} bytes: {why}.",
         )
     need(
         abs(sent_per_device - real) <= 0.5,
-        f"Not {sent_per_device:,.0f} bytes: count the slots of the buffers (experts times the "
+        f"Not {_shown(sent_per_device)} bytes: count the slots of the buffers (experts times the "
         "capacity), the bytes of one slot, and the share that leaves the device.",
     )
     return (

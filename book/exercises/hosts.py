@@ -6,6 +6,7 @@ import contextlib
 
 import numpy as np
 
+from book import validate
 from book.exercises.core import (
     Wrong,
     answered,
@@ -16,6 +17,7 @@ from book.exercises.core import (
     number,
     number_returned,
 )
+from book.exercises.core import shown as _shown
 
 # Chapter 11: the reader's function runs in every process of a multi-process launch --------
 
@@ -35,7 +37,7 @@ def _function_text(fn, what):
     import inspect
     import textwrap
 
-    need(callable(fn), f"Not answered yet: pass a function, not a {type(fn).__name__}.")
+    need(callable(fn), f"Not answered yet: pass a function, not {validate.describe(fn)}.")
     need(
         getattr(fn, "__name__", "") != "<lambda>",
         f"Write {what} with def, not lambda: the checker copies its source into each process.",
@@ -459,10 +461,10 @@ def ch12_dp_tp_bytes(sent_per_device):
         "parameters, so each device all-reduces only its model shard of the gradients",
     }
     for value, why in wrong.items():
-        need(abs(sent_per_device - value) > 4, f"Not {sent_per_device:,.0f} bytes: {why}.")
+        need(abs(sent_per_device - value) > 4, f"Not {_shown(sent_per_device)} bytes: {why}.")
     need(
         abs(sent_per_device - real) <= 4,
-        f"Not {sent_per_device:,.0f} bytes: count two all-reduces, the logits of your data "
+        f"Not {_shown(sent_per_device)} bytes: count two all-reduces, the logits of your data "
         "group's rows over model and your model shard of the gradients (and the loss) over "
         "data.",
     )

@@ -311,7 +311,7 @@ def _ring_matmul_check(variant, what, seed):
     import book.checks
     import book.hlo
 
-    need(callable(variant), f"Not answered yet: pass a function, not a {type(variant).__name__}.")
+    need(callable(variant), f"Not answered yet: pass a function, not {validate.describe(variant)}.")
     mesh = line_mesh("x")
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((48, 64), dtype=np.float32)

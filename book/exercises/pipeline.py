@@ -136,7 +136,7 @@ def ch14_stage_work(stage_work):
     """Exercise 14.2: the microbatch and layers of stage s at step t, any p, m, v."""
     need(
         callable(stage_work),
-        f"Not answered yet: pass a function, not a {type(stage_work).__name__}.",
+        f"Not answered yet: pass a function, not {validate.describe(stage_work)}.",
     )
     takes(
         stage_work,

@@ -8,6 +8,7 @@ import numpy as np
 
 from book import validate
 from book.exercises.core import Wrong, answered, checker, function, need, number_returned
+from book.exercises.core import shown as _shown
 
 # Made-up runs for exercise 17.1: (device, name, start, duration) and each device's answer.
 _KINDS = {"all-gather.1": "all-gather", "reduce-scatter.2": "reduce-scatter"}
@@ -228,7 +229,7 @@ def ch17_step_flops(step_flops):
         for other, why in known.items():
             if _close(value, other):
                 raise Wrong(f"For {sizes}, {why}.")
-        raise Wrong(f"For {sizes} the step's products are {want:,} FLOPs, not {value:,.0f}.")
+        raise Wrong(f"For {sizes} the step's products are {want:,} FLOPs, not {_shown(value)}.")
     sizes = models.Sizes(*_FLOP_SIZES[0])
     try:
         compiled = _compiled_flops(sizes)

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 from book.exercises.core import answered, checker, need, number, whole
+from book.exercises.core import shown as _shown
 
 # Exercise 20.1: Llama 3 70B on 8 H100s, TP, this many cached tokens.
 _FIT = {"context": 8192, "tp": 8}
 # Exercise 20.2: chapter 20's tiny model, KV heads (TP) on 8 devices, a batch of 8, float32.
 _TINY_BATCH, _TINY_LENGTH = 8, 16
-
-
-def _shown(value: float, decimals: int = 0) -> str:
-    """A number for a sentence: with commas, or in e-notation when that would run to pages."""
-    if abs(value) >= 1e15:
-        return f"{value:.3g}"
-    if not decimals and value != round(value):
-        return f"{value:.6g}"  # 1/3 of a byte is not 0 bytes
-    return f"{value:,.{decimals}f}"
 
 
 def _plan(batch):

@@ -10,6 +10,7 @@ import numpy as np
 from book import validate
 from book.errors import ReaderError
 from book.exercises.core import Wrong, answered, checker, need, number
+from book.exercises.core import shown as _shown
 
 _FAST = {"xla_backend_optimization_level": 0}
 
@@ -147,10 +148,10 @@ def ch13_block_bytes(block_bytes):
     }
     for value, why in wrong.items():
         if abs(value - real) > 4:
-            need(abs(block_bytes - value) > 4, f"Not {block_bytes:,.0f} bytes: {why}.")
+            need(abs(block_bytes - value) > 4, f"Not {_shown(block_bytes)} bytes: {why}.")
     need(
         abs(block_bytes - real) <= 4,
-        f"Not {block_bytes:,.0f} bytes: count the all-reduces per block, forward and backward, "
+        f"Not {_shown(block_bytes)} bytes: count the all-reduces per block, forward and backward, "
         "each of the residual stream (batch, seq, d_model) in float32.",
     )
     return f"{real:,.0f} bytes per device and layer, as the compiled step's loops send."
