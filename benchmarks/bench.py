@@ -17,6 +17,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -237,10 +238,36 @@ def report(chapter_rows, form_rows, start_load) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _notebook(text: str) -> Path:
+    """A notebook that exists, checked before a kernel is started for it."""
+    try:
+        found = Path(text).is_file()
+    except (OSError, ValueError):  # a name too long, or one holding NUL
+        found = False
+    if not found:
+        raise argparse.ArgumentTypeError(f"there is no notebook {text[:120]!r}")
+    return Path(text)
+
+
+def _report_file(text: str) -> Path:
+    """Where the report goes: checked before the minutes of timing, not after them."""
+    path = Path(text)
+    try:  # a file made in its folder and removed at once: os.access says yes to /proc
+        with tempfile.TemporaryFile(dir=path.parent):
+            usable = not path.is_dir()
+    except (OSError, ValueError):  # no such folder, a name too long, or one holding NUL
+        usable = False
+    if not usable:
+        raise argparse.ArgumentTypeError(
+            f"cannot write {text[:120]!r}: name a file in a folder that exists and is writable"
+        )
+    return path
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--one", type=_notebook, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=_report_file, default=ROOT / "BENCHMARKS.md")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(args.one)))

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -418,3 +419,25 @@ def test_checkers_run_under_the_books_settings(readers_settings, monkeypatch):
         assert verdict.ok, verdict
     with pytest.raises(ValueError):  # the reader's own setting still holds outside the checker
         jnp.ones((2, 3)) + jnp.ones(3)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--out", "/no/such/folder/BENCHMARKS.md"],
+        ["--out", "/proc/BENCHMARKS.md"],
+        ["--out", "/"],
+        ["--out", "x" * 5000],
+        ["--one", "/no/such/notebook.ipynb"],
+    ],
+    ids=["missing folder", "proc", "a folder", "too long", "no notebook"],
+)
+def test_a_bad_flag_to_the_benchmark_is_refused_before_any_timing(flags):
+    """Refused by argparse in one line, not by a traceback after minutes of chapters."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), *flags], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and not done.stdout, done.stdout[-500:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("bench.py: error: argument") and len(last) < 300, done.stderr[-500:]
