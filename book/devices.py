@@ -125,7 +125,7 @@ def _release(version: str) -> tuple[int, ...]:
     """The leading numbers of a version string: '0.12.1.dev20261101' -> (0, 12, 1)."""
     numbers = []
     for part in version.split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, part))
+        digits = "".join(itertools.takewhile(lambda c: c in "0123456789", part))[:12]
         if not digits:
             break
         numbers.append(int(digits))
@@ -140,6 +140,7 @@ def version_notice(version: str, tested: tuple[str, str] = TESTED_JAX) -> str | 
     Colab and Kaggle keep their own jax, which may be older or newer; the chapters usually
     still run, so this informs rather than fails.
     """
+    version = validate.text(version, "the jax version", example="'0.8.1'", error=SetupError)
     oldest, newest = tested
     if _release(oldest) <= _release(version) <= _release(newest):
         return None

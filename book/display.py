@@ -383,10 +383,11 @@ def listing(compiled, *, ops=None, width: int = 88) -> str:
     width = _width(width)
     rows = hlo.instructions(compiled)
     if ops is not None:
-        wanted = [ops] if isinstance(ops, str) else ops
-        if not isinstance(wanted, (list, tuple, set)) or not all(
-            isinstance(op, str) for op in wanted
-        ):
+        wanted = validate.plain(ops)
+        wanted = [wanted] if isinstance(wanted, str) else wanted
+        if isinstance(wanted, (list, tuple, set)):
+            wanted = [validate.plain(op) for op in wanted]
+        if not isinstance(wanted, list) or not all(isinstance(op, str) for op in wanted):
             raise DisplayError(
                 f"ops must be an op or a list of ops, such as ['all-gather', 'dot'], not "
                 f"{validate.describe(ops)}."
@@ -933,10 +934,13 @@ def timeline(ops, kinds, *, title: str | None = None):
             f"ops must be book.trace.Op rows, as Trace.runs gives them, not "
             f"{validate.describe(odd)}."
         )
+    given, kinds = kinds, validate.plain(kinds)
+    if isinstance(kinds, dict):  # names and kinds as the texts they hold
+        kinds = {validate.plain(k): validate.plain(v) for k, v in kinds.items()}
     if not isinstance(kinds, dict) or not all(isinstance(k, str) for k in kinds):
         raise DisplayError(
             "kinds must be a dict from an instruction's name to its collective, such as "
-            f"{{'all-gather.1': 'all-gather'}}, not {validate.describe(kinds)}."
+            f"{{'all-gather.1': 'all-gather'}}, not {validate.describe(given)}."
         )
     unknown = [k for k in kinds.values() if not isinstance(k, str) or k not in TIMELINE_COLOURS]
     if unknown:

@@ -564,6 +564,8 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
     containing one, since compilers fuse small operations into their neighbours and the fusion
     is what the entry computation lists.
     """
+    if op is not None:  # a number or a list would match nothing, silently
+        op = validate.text(op, "the op", example="'all-gather'", error=HloError)
     module = _parse(_text(compiled))
     insts = module.computations[module.entry]
     names = {i.name for i in insts}

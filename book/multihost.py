@@ -631,7 +631,7 @@ class Job:
         It goes to the worker's Python process, the one running the script, as a scheduler
         sends it to each task of a job. Returns what was done, as a ``kill`` command line.
         """
-        sig = signal.Signals(sig)
+        sig = validate.signal_of(sig)
         targets = range(len(self.procs)) if process is None else [self._index(process)]
         sent = []
         for i in targets:
@@ -646,7 +646,7 @@ class Job:
         Raises ``WorkerError`` when a worker fails first or the job's timeout passes.
         """
         i = self._index(process)
-        regex = re.compile(pattern, re.M)
+        regex = validate.pattern(pattern)
         while True:
             found = regex.search(self.output(i))
             if found:
@@ -655,7 +655,7 @@ class Job:
             if all(code is not None for code in self.exit_codes()):
                 raise WorkerError(
                     f"Every worker running {self.path.name} ended before process {i} printed "
-                    f"a line matching {pattern!r}; look at its output.",
+                    f"a line matching {validate.describe(regex.pattern, 60)}; look at its output.",
                     i,
                     self.outputs(),
                 )

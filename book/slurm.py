@@ -11,6 +11,7 @@ output (``srun --label``) split into one text per task, without Gloo's connectio
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -85,14 +86,55 @@ def usable_nodes(timeout: float = 10) -> list[str]:
     return sorted(nodes)
 
 
-def run(command: list[str], timeout: float = 30) -> str:
-    """Run a Slurm command (``sbatch``, ``scontrol``, ``scancel``) and return its stdout."""
+def _command(command) -> list[str]:
+    """A command line as a list of texts (paths and whole numbers written out), checked."""
+    command = validate.plain(command)
+    if isinstance(command, (str, bytes)) or not isinstance(command, (list, tuple)) or not command:
+        raise SlurmError(
+            "command must be a list of words, such as ['srun', '--ntasks', '2', 'python', "
+            f"'task.py'], not {validate.describe(command)}."
+        )
+    words = []
+    for word in command:
+        word = validate.plain(word)
+        try:
+            word = os.fspath(word) if isinstance(word, os.PathLike) else word
+        except Exception:  # noqa: BLE001 - a path object whose own conversion fails
+            word = None
+        if validate._is_whole(word):
+            word = str(int(word))
+        if not isinstance(word, str) or "\0" in word:
+            raise SlurmError(
+                f"Each word of the command must be a text, a path or a whole number, not "
+                f"{validate.describe(word)}."
+            )
+        words.append(word)
+    if sum(len(w) for w in words) > 100_000:
+        raise SlurmError("The command is too long for a command line; pass a file path instead.")
+    return words
+
+
+def _started(command: list[str], timeout: float):
+    """``subprocess.run`` of a checked command, with a program that cannot start said so."""
+    program = command[0]
+    if len(program) > 60 or not program.isprintable():
+        program = validate.describe(program, 60)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise SlurmError(
-            f"There is no {command[0]} here; start a cluster with 'make cluster' first."
+            f"There is no {program} here; start a cluster with 'make cluster' first."
         ) from None
+    except OSError as err:  # not executable, or a name too long
+        raise SlurmError(f"{program} cannot be run ({err.strerror}); check the command.") from None
+
+
+def run(command: list[str], timeout: float = 30) -> str:
+    """Run a Slurm command (``sbatch``, ``scontrol``, ``scancel``) and return its stdout."""
+    command = _command(command)
+    timeout = validate.seconds(timeout, "timeout")
+    try:
+        done = _started(command, timeout)
     except subprocess.TimeoutExpired:
         raise SlurmError(
             f"{command[0]} did not answer within {timeout:g} s; check that the cluster is up "
@@ -118,10 +160,11 @@ def step(command: list[str], num_tasks: int = 2, timeout: float = 120) -> Output
     A step that fails, or runs past ``timeout`` seconds (then it is stopped), raises
     ``SlurmError`` with the end of its output.
     """
+    command = _command(command)
     num_tasks = validate.whole(num_tasks, "num_tasks", example=2)
     timeout = validate.seconds(timeout, "timeout")
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = _started(command, timeout)
     except subprocess.TimeoutExpired as err:
         raise SlurmError(
             f"The step still ran after {timeout:g} s, so it was stopped; find where it waits at "
@@ -148,9 +191,29 @@ def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> 
     seconds from the moment to the end, or to now for a step still running (``ended`` False).
     The caller stops those. Raises ``SlurmError`` after ``timeout`` seconds.
     """
+    processes, logs = validate.plain(processes), validate.plain(logs)
+    if (
+        not isinstance(processes, dict)
+        or not processes
+        or not all(callable(getattr(p, "poll", None)) for p in processes.values())
+    ):
+        raise SlurmError(
+            "processes must be a dict from names to running subprocess.Popen objects, not "
+            f"{validate.describe(processes)}."
+        )
+    if not isinstance(logs, dict) or any(name not in logs for name in processes):
+        raise SlurmError(
+            f"logs must be a dict with a log file for each of {validate.describe(list(processes))}"
+            f", not {validate.describe(logs)}."
+        )
     count = validate.whole(count, "count", high=len(processes), example=2)
     timeout = validate.seconds(timeout, "timeout")
-    pattern = re.compile(start)
+    pattern = validate.pattern(start, "start", error=SlurmError)
+    if pattern.groups < 1:
+        raise SlurmError(
+            "start must have a group around the moment a step prints, such as "
+            "r'fails at: ([\\d.]+)'."
+        )
     deadline = time.monotonic() + timeout
     ended: dict = {}
     while True:
@@ -162,7 +225,14 @@ def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> 
         for name in processes:
             found = pattern.search(_read(logs[name]))
             if found:
-                moments[name] = float(found.group(1))
+                try:
+                    moments[name] = float(found.group(1))
+                except (TypeError, ValueError):
+                    raise SlurmError(
+                        f"start's group matched {validate.describe(found.group(1))} in the log "
+                        f"of {validate.describe(name)}, which is no time.time(); put the group "
+                        "around the number only."
+                    ) from None
         silent = [name for name in ended if name not in moments]
         if silent:
             raise SlurmError(

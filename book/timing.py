@@ -9,6 +9,7 @@ which one slow run (another process, a page fault) cannot move.
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
 import time
@@ -93,13 +94,23 @@ def largest_cache_bytes(root="/sys/devices/system/cpu/cpu0/cache") -> int | None
     A memory bandwidth measured on arrays that fit in this cache is the cache's, not main
     memory's, so a chapter that measures one says which it was.
     """
+    try:
+        folder = validate.plain(os.fspath(root) if isinstance(root, os.PathLike) else root)
+    except Exception:  # noqa: BLE001 - a path object whose own conversion fails
+        folder = None
+    if not isinstance(folder, str) or "\0" in folder:
+        raise validate.WrongKind(f"root must be a folder path, not {validate.describe(root)}.")
+    try:
+        entries = sorted(Path(folder).glob("index*"))
+    except OSError:  # a name too long, or a folder that cannot be read: no size is known
+        return None
     sizes = []
-    for entry in sorted(Path(root).glob("index*")):
+    for entry in entries:
         try:
             text = (entry / "size").read_text().strip()
         except OSError:
             continue
-        found = re.fullmatch(r"(\d+)([KMG]?)", text)
+        found = re.fullmatch(r"([0-9]{1,15})([KMG]?)", text)
         if found:
             sizes.append(int(found[1]) * _UNITS[found[2]])
     return max(sizes, default=None)

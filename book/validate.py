@@ -329,6 +329,36 @@ def sizes(
     return tuple(whole(v, f"Each entry of {what}", low=low, error=error) for v in value)
 
 
+def signal_of(value, what: str = "sig", *, error: type[ReaderError] = ReaderError):
+    """A signal such as ``signal.SIGTERM``, its number, or its name (``'SIGTERM'``, ``'term'``)."""
+    import signal
+
+    if isinstance(value, signal.Signals):
+        return value
+    number = plain(scalar(value))
+    if _is_whole(number) and int(number) in {s.value for s in signal.Signals}:
+        return signal.Signals(int(number))
+    if isinstance(number, str) and len(number) <= 20:
+        name = number.strip().upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if name in signal.Signals.__members__:
+            return signal.Signals[name]
+    raise error(f"{what} must be a signal such as signal.SIGTERM, not {describe(value)}.")
+
+
+def pattern(value, what: str = "the pattern", *, error: type[ReaderError] = ReaderError):
+    """A regular expression, compiled to match within lines (``re.M``)."""
+    found = text(value, what, example="r'step (\\d+)'", limit=1000, error=error)
+    try:
+        return re.compile(found, re.M)
+    except (re.error, RecursionError, OverflowError) as err:
+        why = getattr(err, "msg", None) or type(err).__name__
+        raise error(
+            f"{what[:1].upper()}{what[1:]} is no regular expression Python reads ({why}); fix "
+            "it, or pass re.escape(text) to match text as it is."
+        ) from None
+
+
 def callable_(value, what: str, *, error: type[ReaderError] = ReaderError):
     """A function (anything callable)."""
     if not callable(value):

@@ -12,6 +12,8 @@ tests in test_hostile.py and test_hostile_checkers.py.)
 import contextlib
 import math
 import os
+import signal
+import subprocess
 import threading
 from fractions import Fraction
 
@@ -29,11 +31,13 @@ from book import (
     checks,
     cost,
     data,
+    devices,
     display,
     hlo,
     jobs,
     models,
     sizing,
+    slurm,
     specs,
     timing,
     trace,
@@ -775,6 +779,65 @@ def test_launch_refuses_a_path_argument_that_cannot_be_read(no_workers, args, en
     with pytest.raises(ReaderError) as caught:
         multihost.launch(script, args=args, env=env)
     one_sentence(caught.value)
+
+
+def test_a_running_jobs_signal_and_pattern_are_checked(tmp_path):
+    from book import multihost
+
+    script = tmp_path / "waits.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    with multihost.start(script, num_processes=1, timeout=120) as job:
+        job.wait_for("ready")
+        assert job.signal("cont", 0) == job.signal(signal.SIGCONT, 0)
+        for call in (
+            lambda: job.signal("SIGNOPE"),
+            lambda: job.signal(0.5),
+            lambda: job.signal(lying("list", [15])),
+            lambda: job.wait_for(b"ready"),
+            lambda: job.wait_for("(unclosed"),
+            lambda: job.wait_for(["ready"]),
+            lambda: job.wait_for("x" * 5000),
+        ):
+            with pytest.raises(ReaderError) as caught:
+                call()
+            one_sentence(caught.value)
+        assert job.wait_for(lying("text", "rea(dy)")).group(1) == "dy"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: slurm.step("srun -n 2 python x.py"),
+        lambda: slurm.step(["no-such-program-of-the-book", "x"]),
+        lambda: slurm.step(lying("list", ["no-such-program-of-the-book"])),
+        lambda: slurm.step(["srun", None]),
+        lambda: slurm.step(["srun", "a\0b"]),
+        lambda: slurm.run([]),
+        lambda: slurm.run(["x" * 5000]),
+        lambda: slurm.time_from("x", {}, "(.*)", 1),
+        lambda: slurm.time_from({"a": 1}, {}, "(.*)", 1),
+        lambda: slurm.time_from({"a": subprocess.Popen}, {}, "(.*)", 1),
+        lambda: hlo.instructions("HloModule m", 5),
+        lambda: hlo.instructions("HloModule m", lying("text", "x")),
+        lambda: devices.version_notice(lying("list", ["0.8"])),
+        lambda: timing.largest_cache_bytes(8),
+        lambda: timing.largest_cache_bytes("/" + "x" * 5000),
+    ],
+)
+def test_commands_ops_and_versions_are_checked_in_one_sentence(call):
+    result_or_sentence(call)
+
+
+def test_listing_ops_and_timeline_kinds_are_read_for_what_they_hold(programs):
+    compiled = programs[1]
+    assert display.listing(compiled, ops=lying("text", "all-reduce"))
+    assert display.listing(compiled, ops=lying("tuple", (lying("text", "all-reduce"),)))
+    ops = [trace.Op(0, "all-gather.1", "jit_f", 0.0, 2.0), trace.Op(0, "dot", "jit_f", 2.0, 1.0)]
+    figure = display.timeline(ops, lying("dict", {"all-gather.1": lying("text", "all-gather")}))
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    assert devices.version_notice(lying("text", "0.0.1"))  # read as the text it holds
 
 
 # book.jobs: what chapter 19 passes to a batch job, checked before sbatch runs -------------
