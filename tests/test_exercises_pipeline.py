@@ -38,6 +38,22 @@ def test_every_item_runs_once_on_every_stage_one_step_after_the_last(p, m, v):
     assert checks.bubble(p, m, v) == Fraction(p - 1, v * m + p - 1)
 
 
+@pytest.mark.parametrize("p, m, v", [(4, 8, 2), (2, 6, 3), (4, 4, 2), (3, 9, 1)])
+def test_item_runs_each_trip_once_and_depth_first_waits_for_nothing(p, m, v):
+    k = np.arange(v * m)
+    for depth_first in (False, True):
+        micro, group = pipeline.item(k, m, v, p, depth_first)
+        assert sorted(zip(micro.tolist(), group.tolist())) == [
+            (j, g) for j in range(m) for g in range(v)
+        ]
+        for j in range(m):  # trip g + 1 starts once trip g is back at stage 0
+            starts = k[micro == j]
+            assert group[micro == j].tolist() == list(range(v))
+            assert (np.diff(starts) >= p).all()
+            if depth_first:
+                assert (np.diff(starts) == p).all()  # straight on, no wait
+
+
 def test_by_stage_gives_group_g_of_stage_s_run_g_p_plus_s_and_inverts():
     layers = np.arange(24)
     staged = pipeline.by_stage(layers, 3, 2)  # runs of 4 layers
