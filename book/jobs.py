@@ -25,6 +25,7 @@ from book.errors import ReaderError
 from book.multihost import Outputs, WorkerError, _check_args, _check_env, tail
 
 _POLL_SECONDS = 0.1
+_ASK_SECONDS = 1.0
 # How srun reports a task that ended badly, in the batch job's output.
 _TASK_END = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-\d+)?: (.*)$", re.M)
 _SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Terminated": signal.SIGTERM}
@@ -44,6 +45,7 @@ class SlurmJob:
         self.deadline = self.started + timeout
         self.ended: dict[int, float] = {}
         self._pids: dict[int, int] = {}
+        self._asked = 0.0  # when scontrol was last asked
         self.facts: dict[str, str] = {}
 
     def __enter__(self) -> SlurmJob:
@@ -153,6 +155,12 @@ class SlurmJob:
 
     def _over(self) -> bool:
         self._watch()
+        # scontrol is a process of its own: asked once a second while a task may still run,
+        # so that polling does not take the CPU from the job; at each poll once all ended.
+        running = len(self.ended) < self.num_tasks
+        if running and time.monotonic() - self._asked < _ASK_SECONDS:
+            return False
+        self._asked = time.monotonic()
         facts = slurm.job(self.id)
         if facts.get("JobState") in slurm.ENDED:
             self.facts = facts
@@ -164,7 +172,8 @@ class SlurmJob:
 
     def _watch(self) -> None:
         """Note each task's process, and when it is gone."""
-        found = _task_pids(self.id, self.script)
+        # /proc is read whole only until every task's process is known.
+        found = {} if len(self._pids) == self.num_tasks else _task_pids(self.id, self.script)
         now = time.monotonic() - self.started
         for task, pid in found.items():
             self._pids.setdefault(task, pid)

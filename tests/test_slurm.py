@@ -4,12 +4,14 @@ Stand-ins for sinfo, scontrol and scancel (small scripts first on the PATH) give
 cluster would; chapter 11 and tests/test_cluster_scripts.py run the real ones.
 """
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
+import book.jobs
 import book.slurm
 from book.errors import ReaderError
 from book.slurm import SlurmError
@@ -139,3 +141,14 @@ def test_time_from_names_a_step_that_ended_without_its_moment(tmp_path):
     run.wait()
     with pytest.raises(SlurmError, match="silent ended before it printed(.|\n)*boom"):
         book.slurm.time_from({"silent": run}, {"silent": log}, r"at: ([\d.]+)", count=1)
+
+
+def test_a_watched_job_asks_scontrol_once_a_second_while_its_tasks_run(monkeypatch, tmp_path):
+    # Each question is a process; asked at every poll they took the CPU from the job's tasks.
+    asked = []
+    monkeypatch.setattr(book.jobs, "_task_pids", lambda job_id, script: {0: os.getpid()})
+    monkeypatch.setattr(book.slurm, "job", lambda job_id: asked.append(job_id) or {})
+    job = book.jobs.SlurmJob(7, "train.py", 1, tmp_path / "out", timeout=60)
+    assert not any(job._over() for _ in range(20)) and len(asked) == 1
+    job.ended[0] = 1.0  # once every task is gone, the job's end is asked for at each poll
+    assert not any(job._over() for _ in range(3)) and len(asked) == 4
