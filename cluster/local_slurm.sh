@@ -71,6 +71,9 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 KillWait=5
+# Schedule a batch job when it is submitted: by default Slurm may hold it up to 3 s after
+# its last scheduling pass, to batch a high rate of submissions.
+SchedulerParameters=batch_sched_delay=0
 MinJobAge=600
 StateSaveLocation=$STATE/state
 SlurmdSpoolDir=$STATE/spool/%n
