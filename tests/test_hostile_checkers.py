@@ -305,6 +305,7 @@ def test_a_library_function_that_fails_as_the_answer_is_refused_as_the_readers(n
     [
         ("ch02_predict", ((16, 1, 4), jnp.int32(1))),
         ("ch02_predict", (np.array([16, 1, 4]), np.int64(1))),
+        ("ch02_predict", (jnp.array([16, 1, 4]), jnp.int32(1))),
         ("ch02_rows_on_device_1", (jnp.array([2]),)),
         ("ch14_microbatches", (jnp.int32(63), jnp.float32(16.0))),
         ("ch14_in_flight", (jnp.full(6, 4), np.array([4, 4, 4, 3, 2, 1]))),

@@ -661,9 +661,11 @@ def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
 
 
 def sizes(value, what: str, example: str = "(16, 8, 4)") -> tuple[int, ...]:
-    """A shape: a tuple or list of whole numbers (0-d arrays of integers too)."""
-    if isinstance(value, np.ndarray) and value.ndim == 1:
-        value = value.tolist()
+    """A shape: a tuple or list of whole numbers (0-d arrays of integers too), or a 1-D NumPy
+    or JAX array of them, as ``np.array(x.shape)`` or ``jnp.array(...)`` give one."""
+    if getattr(value, "ndim", None) == 1 and hasattr(value, "dtype"):
+        with contextlib.suppress(Exception):  # a traced value has no numbers to read
+            value = np.asarray(value).tolist()
     if not isinstance(value, (tuple, list)):
         raise Wrong(f"{what} should be a tuple such as {example}, not {validate.describe(value)}.")
     return validate.sizes(list(value), what, low=0, error=Wrong)
