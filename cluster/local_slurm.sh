@@ -70,7 +70,7 @@ SlurmdParameters=config_overrides
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
-KillWait=5
+KillWait=2
 # Schedule a batch job when it is submitted: by default Slurm may hold it up to 3 s after
 # its last scheduling pass, to batch a high rate of submissions.
 SchedulerParameters=batch_sched_delay=0
