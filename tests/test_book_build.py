@@ -113,7 +113,7 @@ RESULTS = {
     ],
     "18_planning_a_real_run": [
         "4 layouts compiled and planned: every check holds",
-        "5 pipelines compiled and planned: every check holds",
+        "FSDP x TP x PP compiled and planned: every check holds",
     ],
     "20_serving": [
         "every layout: the tokens of one device, token for token",
