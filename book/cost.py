@@ -169,7 +169,7 @@ def ring_steps(op: str, n: int) -> int:
     latency term. It is the count NCCL's own cost model uses for its ring; a schedule that sends
     both ways round at once needs about half as many.
     """
-    n = _check(n)
+    n, op = _check(n), validate.plain(op)
     if not isinstance(op, str) or op not in (*_STEPS, "collective-permute"):
         raise validate.BadValue(
             f"No ring schedule for {validate.describe(op)}; use one of "

@@ -87,7 +87,7 @@ class SlurmJob:
 
         Returns what was done, as a command line or in words.
         """
-        sig = _signal_of(sig)
+        sig = validate.signal_of(sig)
         if process is None:
             command = ["scancel", f"--signal={sig.name.removeprefix('SIG')}", str(self.id)]
             slurm.run(command)
@@ -98,7 +98,7 @@ class SlurmJob:
 
     def wait_for(self, pattern: str, process: int = 0) -> re.Match:
         """Wait until task ``process`` prints a line matching ``pattern``; return the match."""
-        regex = _regex(pattern)
+        regex = validate.pattern(pattern)
         process = self._index(process)
         while True:
             found = regex.search(self.output(process))
@@ -210,27 +210,6 @@ class SlurmJob:
             )
 
 
-def _signal_of(sig) -> signal.Signals:
-    """A signal such as ``signal.SIGTERM`` (or its number), or ReaderError in one sentence."""
-    if isinstance(sig, signal.Signals):
-        return sig
-    if validate._is_whole(sig) and int(sig) in {s.value for s in signal.Signals}:
-        return signal.Signals(int(sig))
-    raise ReaderError(f"sig must be a signal such as signal.SIGTERM, not {validate.describe(sig)}.")
-
-
-def _regex(pattern) -> re.Pattern:
-    """``pattern`` compiled for whole lines, or ReaderError in one sentence."""
-    pattern = validate.text(pattern, "the pattern", example="r'step (\\d+)'", limit=1000)
-    try:
-        return re.compile(pattern, re.M)
-    except re.error as err:
-        raise ReaderError(
-            f"The pattern is no regular expression Python reads ({err.msg}); fix it, or pass "
-            "re.escape(text) to match text as it is."
-        ) from None
-
-
 def _batch_script(batch_script) -> str:
     if not isinstance(batch_script, (str, os.PathLike)) or not str(batch_script).strip():
         raise ReaderError(
@@ -238,7 +217,11 @@ def _batch_script(batch_script) -> str:
             f"{validate.describe(batch_script)}."
         )
     text = str(batch_script)
-    if "\0" in text or not Path(text).is_file():
+    try:
+        found = "\0" not in text and Path(text).is_file()
+    except OSError:  # a name longer than the file system allows, say
+        found = False
+    if not found:
         raise ReaderError(
             f"There is no batch script at {validate.describe(text)}; write it first, or check "
             "the path you passed."

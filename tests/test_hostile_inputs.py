@@ -866,6 +866,7 @@ def test_submit_refuses_in_one_sentence_before_sbatch(no_sbatch, name, odd):
     "kwargs, words",
     [
         ({"batch_script": "missing.sbatch"}, "There is no batch script"),
+        ({"batch_script": "x" * 5000}, "There is no batch script"),  # too long a name
         ({"args": "--steps 12"}, "list or tuple"),
         ({"args": [Unprintable()]}, "Each argument"),
         ({"env": {"XLA_FLAGS": "a,b"}}, "comma"),
@@ -901,3 +902,7 @@ def test_a_pattern_python_cannot_read_is_named(tmp_path, pattern):
     with pytest.raises(ReaderError, match="regular expression") as err:
         job.wait_for(pattern)
     one_sentence(err.value)
+
+
+def test_a_ring_op_is_read_for_the_text_it_holds():
+    assert cost.ring_steps(lying("text", "all-gather"), 4) == 3
