@@ -92,6 +92,9 @@ def typeset(browser, url):
     page.on("request", record)
     page.on("response", answered)
     page.goto(url, wait_until="networkidle")
+    # The page sets MathJax's configuration first; its deferred script, on a busy machine only
+    # after the network has gone quiet, then adds startup and its promise of the typesetting.
+    page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise")
     page.evaluate("MathJax.startup.promise")
     page.wait_for_load_state("networkidle")  # the fonts the typeset formulas asked for
     return page, seen
