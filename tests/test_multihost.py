@@ -68,13 +68,18 @@ def alive(pid: int) -> bool:
         return False
 
 
+def pid_files(folder: Path) -> list[Path]:
+    """The workers' finished pid files, pids.<process>: not one still being written (.tmp)."""
+    return sorted(f for f in folder.glob("pids.*") if f.suffix[1:].isdigit())
+
+
 def recorded_pids(folder: Path) -> list[int]:
-    return [int(p) for f in sorted(folder.glob("pids.[0-9]*")) for p in f.read_text().split()]
+    return [int(p) for f in pid_files(folder) for p in f.read_text().split()]
 
 
 def wait_for_pid_files(folder: Path, count: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
-    while len(list(folder.glob("pids.[0-9]*"))) < count:
+    while len(pid_files(folder)) < count:
         assert time.monotonic() < deadline, "the workers never started"
         time.sleep(0.05)
 
@@ -472,8 +477,9 @@ GRANDPARENT = textwrap.dedent(
         )
         pid = int(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                  text=True).stdout)
-    with open(os.path.join(folder, f"pids.{me}"), "w") as f:
+    with open(os.path.join(folder, f"pids.{me}.tmp"), "w") as f:
         f.write(str(pid))
+    os.rename(os.path.join(folder, f"pids.{me}.tmp"), os.path.join(folder, f"pids.{me}"))
     print("started", pid, flush=True)
     if how == "exit_at_once":
         time.sleep(0.6)  # long enough for launch to see it
