@@ -393,17 +393,23 @@ class Plan:
                 f"{validate.describe(hardware)}."
             )
         links = self.links(hardware)
-        comm = dict.fromkeys(KINDS, 0.0)
-        for c in self.collectives:
-            link = links[c.kind]
-            steps = cost.ring_steps(c.op, c.n)
-            one = cost.collective_seconds(c.sent, steps, link.bandwidth, link.hop_latency)
-            comm[c.kind] += c.count * one
+        comm = _comm_seconds(self.collectives, links, KINDS)
         compute = self.flops["hardware"] / (self.devices * hardware.peak_flops)
         bound = max(compute, *comm.values())
         mfu = self.flops["model"] / (bound * self.devices * hardware.peak_flops)
         kinds = {k: links[k].name for k in KINDS}
         return Seconds(compute, comm, kinds, bound, compute + sum(comm.values()), mfu)
+
+
+def _comm_seconds(collectives, links, kinds) -> dict[str, float]:
+    """Seconds of each kind of axis's collectives: the alpha-beta model, ring by ring."""
+    comm = dict.fromkeys(kinds, 0.0)
+    for c in collectives:
+        link = links[c.kind]
+        steps = cost.ring_steps(c.op, c.n)
+        one = cost.collective_seconds(c.sent, steps, link.bandwidth, link.hop_latency)
+        comm[c.kind] += c.count * one
+    return comm
 
 
 def _links(layout: dict, inner_to_outer: tuple, hardware: Hardware) -> dict:
@@ -714,12 +720,7 @@ class ServePlan:
         """The decode step's compute, memory and communication times, and its bound."""
         hardware = _hardware(hardware)
         links = self.links(hardware)
-        comm = dict.fromkeys(SERVE_KINDS, 0.0)
-        for c in self.collectives:
-            link = links[c.kind]
-            steps = cost.ring_steps(c.op, c.n)
-            one = cost.collective_seconds(c.sent, steps, link.bandwidth, link.hop_latency)
-            comm[c.kind] += c.count * one
+        comm = _comm_seconds(self.collectives, links, SERVE_KINDS)
         compute = self.flops / hardware.peak_flops
         memory = (self.read["weights"] + self.read["cache"]) / hardware.hbm_bandwidth
         bound = max(compute, memory, *comm.values())
