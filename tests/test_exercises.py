@@ -35,6 +35,7 @@ ALONE = {
     "06_collective_matmul",
     "10_sharded_data_loading",
     "11_multi_controller",
+    "13_transformer_3d",
     "14_pipeline_parallelism",
     "15_experts_and_long_sequences",
     "19_a_training_run",
