@@ -75,3 +75,37 @@ def choice_then_mesh(label: str, options: list[str], meshes_for, render):
     mesh_box.observe(update, names="value")
     on_choice()
     return w.VBox([w.HBox([choice_box, mesh_box]), out])
+
+
+def planner_boxes(layouts, chip_counts, chips: str) -> dict:
+    """The model, chip, layout and chip-count dropdowns of the two planners' forms.
+
+    The sizing and serving forms ask the same four questions of ``book.sizing``; only the
+    layouts, chip counts and the count shown first differ.
+    """
+    import ipywidgets as w
+
+    from book import sizing
+
+    return {
+        "model": w.Dropdown(options=list(sizing.PRESETS), description="model"),
+        "hardware": w.Dropdown(options=list(sizing.HARDWARE), description="chip"),
+        "layout": w.Dropdown(options=list(layouts), description="layout"),
+        "chips": w.Dropdown(options=list(chip_counts), value=chips, description="chips"),
+    }
+
+
+def live(boxes: dict, render):
+    """Boxes three to a row above ``render(*values)``'s HTML, answered again on every change."""
+    import ipywidgets as w
+
+    out = w.HTML()
+
+    def update(*_):
+        out.value = render(*(box.value for box in boxes.values()))
+
+    for box in boxes.values():
+        box.observe(update, names="value")
+    update()
+    items = list(boxes.values())
+    return w.VBox([w.HBox(items[i : i + 3]) for i in range(0, len(items), 3)] + [out])

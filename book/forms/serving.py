@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from book import display, sizing, static_forms, validate
+from book.forms import common
 
 CONTEXT = 4096
 CHIP_COUNTS = ("1", "2", "4", "8", "16", "32")
@@ -152,22 +153,9 @@ def serving_explorer() -> static_forms.Form:
 
 
 def _widget():
+    """The live ipywidgets form around ``render_serving``: every change answers at once."""
     import ipywidgets as w
 
-    boxes = {
-        "model": w.Dropdown(options=list(sizing.PRESETS), description="model"),
-        "hardware": w.Dropdown(options=list(sizing.HARDWARE), description="chip"),
-        "layout": w.Dropdown(options=list(LAYOUTS), description="layout"),
-        "chips": w.Dropdown(options=list(CHIP_COUNTS), value="8", description="chips"),
-        "batch": w.Text(value="32", description="batch"),
-    }
-    out = w.HTML()
-
-    def update(*_):
-        out.value = render_serving(*(box.value for box in boxes.values()))
-
-    for box in boxes.values():
-        box.observe(update, names="value")
-    update()
-    items = list(boxes.values())
-    return w.VBox([w.HBox(items[:3]), w.HBox(items[3:]), out])
+    boxes = common.planner_boxes(LAYOUTS, CHIP_COUNTS, "8")
+    boxes["batch"] = w.Text(value="32", description="batch")
+    return common.live(boxes, render_serving)

@@ -12,6 +12,7 @@ import html
 from dataclasses import dataclass
 
 from book import display, sizing, static_forms, validate
+from book.forms import common
 
 SIZING_DEFAULTS = {"global_batch": 1024, "seq": 4096}
 CHIP_COUNTS = ("128", "256", "512", "1024")
@@ -163,21 +164,7 @@ def _widget():
     """The live ipywidgets form around ``render_sizing``: every change answers at once."""
     import ipywidgets as w
 
-    boxes = {
-        "model": w.Dropdown(options=list(sizing.PRESETS), description="model"),
-        "hardware": w.Dropdown(options=list(sizing.HARDWARE), description="chip"),
-        "layout": w.Dropdown(options=list(LAYOUTS), description="layout"),
-        "chips": w.Dropdown(options=list(CHIP_COUNTS), value="256", description="chips"),
-        "global_batch": w.Text(value=str(SIZING_DEFAULTS["global_batch"]), description="batch"),
-        "seq": w.Text(value=str(SIZING_DEFAULTS["seq"]), description="seq"),
-    }
-    out = w.HTML()
-
-    def update(*_):
-        out.value = render_sizing(*(box.value for box in boxes.values()))
-
-    for box in boxes.values():
-        box.observe(update, names="value")
-    update()
-    items = list(boxes.values())
-    return w.VBox([w.HBox(items[:3]), w.HBox(items[3:]), out])
+    boxes = common.planner_boxes(LAYOUTS, CHIP_COUNTS, "256")
+    boxes["global_batch"] = w.Text(value=str(SIZING_DEFAULTS["global_batch"]), description="batch")
+    boxes["seq"] = w.Text(value=str(SIZING_DEFAULTS["seq"]), description="seq")
+    return common.live(boxes, render_sizing)
