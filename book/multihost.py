@@ -254,12 +254,7 @@ def _check_env(env, n: int) -> list[dict[str, str | None]]:
                 ) from None
         else:
             extra = {} if env is None else env
-        extra = validate.plain(extra)
-        if isinstance(extra, Mapping) and not isinstance(extra, dict):
-            try:  # a mapping of the reader's own class: read once, by its items
-                extra = dict(extra.items())
-            except Exception:  # noqa: BLE001 - its own methods fail
-                extra = None
+        extra = validate.plain_mapping(extra)
         if not isinstance(extra, Mapping):
             raise ReaderError(
                 f"env({i}) gave {validate.describe(extra)}; return a mapping of variables."

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from jax.sharding import PartitionSpec as P
 
@@ -222,12 +222,7 @@ def _axis_sizes(mesh) -> dict[str, int]:
 
     if isinstance(mesh, Mesh):
         return dict(mesh.shape)
-    given, mesh = mesh, validate.plain(mesh)
-    if isinstance(mesh, Mapping) and not isinstance(mesh, dict):
-        try:  # a mapping of the reader's own class: read once, by its items
-            mesh = dict(mesh.items())
-        except Exception:  # noqa: BLE001 - its own methods fail
-            mesh = None
+    given, mesh = mesh, validate.plain_mapping(mesh)
     if not isinstance(mesh, dict):
         raise SpecError(
             "The mesh must be a jax.sharding.Mesh or a mapping from axis name to size, such as "

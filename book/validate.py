@@ -14,7 +14,7 @@ import math
 import numbers
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -101,6 +101,21 @@ def plain(value):
                 return read(value)
             except Exception:  # noqa: BLE001 - a dict whose items cannot be read: as it is
                 return value
+    return value
+
+
+def plain_mapping(value):
+    """``plain(value)``, with a mapping of the reader's own class read once into a ``dict``.
+
+    Read by its ``items()`` only, so the checks that follow never call its methods again; a
+    mapping whose own methods fail gives None, which every caller refuses in one sentence.
+    """
+    value = plain(value)
+    if isinstance(value, Mapping) and not isinstance(value, dict):
+        try:
+            return dict(value.items())
+        except Exception:  # noqa: BLE001 - its own methods fail
+            return None
     return value
 
 
