@@ -29,6 +29,8 @@ class SizingError(ReaderError, ValueError):
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 OPTIMIZER_MOMENTS = {"adamw": 2, "sgd": 0}
 REMAT = ("full", "none")
+# Pipeline schedules: the same steps and bubble, different microbatches in flight.
+SCHEDULES = ("gpipe", "1f1b")
 GRADIENT_REDUCE = ("reduce-scatter", "all-reduce")
 KINDS = ("dp", "fsdp", "tp", "pp")
 # Axes from the innermost (neighbouring devices) outwards: the order a fast domain fills.
@@ -440,6 +442,7 @@ def plan(
     global_batch: int,
     seq: int,
     microbatches: int = 1,
+    schedule: str = "gpipe",
     param_dtype: str = "float32",
     grad_dtype: str = "float32",
     moment_dtype: str = "float32",
@@ -480,8 +483,10 @@ def plan(
       gradients back; each stage holds ``layers / pp`` layers and, as in chapter 14, the
       embedding, final norm and unembedding: over ``pp`` it all-reduces the final norm's
       and unembedding's gradients, and the embedded tokens' gradient (in the compute dtype),
-      from which each stage computes the embedding's; the stages keep every microbatch's
-      activations until its backward pass (GPipe's order, chapter 14's scan). Chapter 14's
+      from which each stage computes the embedding's; with ``schedule="gpipe"`` the stages
+      keep every microbatch's activations until its backward pass (GPipe's order, chapter
+      14's scan), with ``"1f1b"`` at most ``pp`` microbatches' (the first stage's peak in
+      1F1B's order; its steps, bubble and bytes sent are GPipe's). Chapter 14's
       program also runs its layers, and their FSDP and TP collectives, at its ``pp - 1``
       idle steps, and keeps those steps' activations; chapter 18 accounts for both.
     """
@@ -503,6 +508,7 @@ def plan(
         optimizer, list(OPTIMIZER_MOMENTS), "an optimizer", error=SizingError
     )
     remat = validate.choice(remat, list(REMAT), "a remat policy", error=SizingError)
+    schedule = validate.choice(schedule, list(SCHEDULES), "a pipeline schedule", error=SizingError)
     sequence_parallel = validate.flag(sequence_parallel, "sequence_parallel", error=SizingError)
     gradient_reduce = validate.choice(
         gradient_reduce, list(GRADIENT_REDUCE), "a gradient reduction", error=SizingError
@@ -531,6 +537,7 @@ def plan(
         )
     conventions = {
         "microbatches": microbatches,
+        "schedule": schedule,
         **dtypes,
         "optimizer": optimizer,
         "remat": remat,
@@ -558,8 +565,10 @@ def plan(
             model, layout, local_layers, micro_tokens, seq, act, remat, sequence_parallel
         ),
     }
-    if layout["pp"] > 1:  # the schedule holds every microbatch's activations (GPipe's memory)
-        memory["activations"] *= microbatches
+    if layout["pp"] > 1:  # GPipe holds every microbatch's activations, 1F1B at most pp
+        memory["activations"] *= (
+            microbatches if schedule == "gpipe" else min(microbatches, layout["pp"])
+        )
     memory["total"] = sum(memory.values())
 
     collectives = []

@@ -79,6 +79,23 @@ def test_pipeline_sends_every_schedule_step():
     )
 
 
+@pytest.mark.parametrize("m, p", [(8, 4), (2, 4), (4, 4)])
+def test_1f1b_keeps_at_most_pp_microbatches_and_sends_as_gpipe(m, p):
+    kw = dict(pp=p, tp=8, global_batch=32, seq=4096, microbatches=m, sequence_parallel=True)
+    gpipe, one_f = sizing.plan(LLAMA_70B, **kw), sizing.plan(LLAMA_70B, schedule="1f1b", **kw)
+    assert gpipe.conventions["schedule"] == "gpipe" and one_f.conventions["schedule"] == "1f1b"
+    per_microbatch = gpipe.memory["activations"] // m
+    assert one_f.memory["activations"] == per_microbatch * min(m, p)
+    for part in ("params", "grads", "optimizer"):
+        assert one_f.memory[part] == gpipe.memory[part]
+    assert one_f.comm == gpipe.comm and one_f.flops == gpipe.flops  # same steps, same bubble
+    # Without a pipeline there is no schedule to choose: one microbatch's activations.
+    flat = dict(tp=8, global_batch=32, seq=4096, microbatches=m)
+    assert sizing.plan(LLAMA_70B, schedule="1f1b", **flat).memory == (
+        sizing.plan(LLAMA_70B, **flat).memory
+    )
+
+
 def test_remat_full_keeps_less_than_none():
     full, none = _plan(remat="full"), _plan(remat="none")
     assert full.memory["activations"] < none.memory["activations"]
@@ -116,6 +133,7 @@ def test_hardware_has_sources():
         lambda: sizing.plan(LLAMA_8B, dp=3, global_batch=8, seq=8),
         lambda: sizing.plan(LLAMA_8B, pp=5, global_batch=8, seq=8),
         lambda: sizing.plan(LLAMA_8B, global_batch=8, seq=8, remat="some"),
+        lambda: sizing.plan(LLAMA_8B, pp=2, global_batch=8, seq=8, schedule="zero bubble"),
         lambda: sizing.plan(LLAMA_8B, global_batch=8, seq=8, param_dtype="fp32"),
         lambda: sizing.plan(LLAMA_8B, dp=True, global_batch=8, seq=8),
         lambda: sizing.plan(LLAMA_8B, dp=1024, fsdp=1024, global_batch=2**20, seq=8),
