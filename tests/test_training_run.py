@@ -36,6 +36,39 @@ def train_py(tmp_path):
     return path
 
 
+@pytest.fixture
+def train(train_py, monkeypatch):
+    """train.py imported as a module, to run in this process alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chapter19_train", train_py)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
+    monkeypatch.delenv("SLURM_STEP_NODELIST", raising=False)
+    return module
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--steps", "-4"],  # refused by argparse, after the folders' flags were read
+        ["--mesh", "3x3"],  # refused by main: not the 8 devices
+        ["--steps", "1000000"],  # refused by main: more records than the data set has
+        ["--dump", "train.py/dump"],  # under a file: no folder can be made there
+        ["--log-dir", ""],  # no name: not the folder train.py was started in
+    ],
+)
+def test_a_refused_flag_leaves_no_folder_behind(train, tmp_path, monkeypatch, capsys, bad):
+    monkeypatch.chdir(tmp_path)  # where train.py lies
+    folders = ["--checkpoint-dir", "c/d", "--log-dir", "log", "--profile", "p"]
+    with pytest.raises(SystemExit) as stop:
+        train.main(train.parser.parse_args(["--steps", "4", *folders, *bad]))
+    said = (capsys.readouterr().err or str(stop.value.code)).strip().splitlines()
+    assert said[-1].startswith("train.py: error:") and "Traceback" not in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
 @pytest.mark.slow
 def test_a_dead_peer_that_is_not_the_coordinator_stops_the_others_by_heartbeat(train_py, tmp_path):
     flags = ["--steps", "200", "--checkpoint-every", "100", "--checkpoint-dir", tmp_path / "c"]
@@ -93,21 +126,14 @@ def test_plain_accumulation_reduces_the_gradients_in_every_microbatch():
 
 
 @pytest.mark.slow
-def test_every_layout_of_the_flag_resumes_to_the_same_losses(train_py, tmp_path, monkeypatch):
+def test_every_layout_of_the_flag_resumes_to_the_same_losses(train, tmp_path):
     """train.py's --layout takes each of chapter 13's rules tables; run as one process here,
     on this test run's 8 devices. DP draws the parameters and saves step 1; each layout
     restores that checkpoint onto its own mesh and gives DP's loss at step 2 within bfloat16's
     precision, as the chapter's restart onto FSDP x TP did."""
-    import importlib.util
     import shutil
 
     import numpy as np
-
-    spec = importlib.util.spec_from_file_location("chapter19_train", train_py)
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
-    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
-    monkeypatch.delenv("SLURM_STEP_NODELIST", raising=False)
 
     def run(layout, mesh, every):
         folder = tmp_path / layout.replace(" ", "")
