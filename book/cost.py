@@ -210,3 +210,94 @@ def collective_seconds(
         error=validate.BadValue,
     )
     return steps * hop_latency + link_bytes / bandwidth
+
+
+# Attention with its sequence split over n devices -------------------------------------------
+
+
+def _attention_sizes(tokens, kv_heads, head_dim, n, itemsize) -> tuple[int, int, int, int, int]:
+    """The checked sizes of one attention layer; the tokens must split evenly over ``n``."""
+    n = _check(n)
+    tokens = validate.whole(tokens, "tokens", high=MAX_COUNT, error=validate.BadValue)
+    kv_heads = validate.whole(kv_heads, "kv_heads", error=validate.BadValue)
+    head_dim = validate.whole(head_dim, "head_dim", error=validate.BadValue)
+    itemsize = validate.whole(itemsize, "itemsize", high=16, example=2, error=validate.BadValue)
+    if tokens % n:
+        raise validate.BadValue(
+            f"{tokens:,} tokens do not split evenly over {n} devices; use a multiple of {n}."
+        )
+    return tokens, kv_heads, head_dim, n, itemsize
+
+
+def _passes(backward) -> int:
+    # Every collective's transpose moves as many bytes as the collective.
+    return 2 if validate.flag(backward, "backward", error=validate.BadValue) else 1
+
+
+def ring_attention_bytes(
+    tokens: int, kv_heads: int, head_dim: int, n: int, itemsize: int = 4, backward: bool = False
+) -> float:
+    """Bytes each device sends for one attention layer under ring attention on ``n`` devices.
+
+    ``tokens`` is the whole sequence (times the batch). At each of the ``n - 1`` steps a device
+    passes the K and V blocks it holds, ``tokens / n`` positions of ``kv_heads`` heads, to its
+    neighbour, so every device receives every other device's K and V once: the bytes of
+    ``all_gather_bytes`` of K and V, which is also what gathering them outright sends. Queries
+    never travel, so only the K/V heads count, fewer than the query heads under grouped-query
+    attention. The causal mask changes the work, not the bytes: every block travels.
+
+    With ``backward``, the backward pass is added. JAX transposes each ``ppermute`` into one
+    the other way round that carries the gradients of K and V, the same bytes again (as it
+    transposes an all-gather into a reduce-scatter of the same size). A ring with a hand-written
+    backward that passes K and V around again beside their gradients, to keep less in memory,
+    sends about twice the forward's bytes in its backward pass; this formula does not count it.
+    """
+    tokens, kv_heads, head_dim, n, itemsize = _attention_sizes(
+        tokens, kv_heads, head_dim, n, itemsize
+    )
+    kv_bytes = 2 * tokens * kv_heads * head_dim * itemsize  # K and V of the whole sequence
+    return _passes(backward) * all_gather_bytes(kv_bytes, n)
+
+
+def ulysses_bytes(
+    tokens: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    n: int,
+    itemsize: int = 4,
+    backward: bool = False,
+) -> float:
+    """Bytes each device sends for one attention layer under Ulysses on ``n`` devices.
+
+    Ulysses (DeepSpeed-Ulysses) trades the sequence split for a head split: all-to-alls take Q,
+    K and V from ``tokens / n`` positions of every head to every position of ``1 / n`` of the
+    heads, attention runs on whole sequences, and one more all-to-all brings the output back.
+    That is ``all_to_all_bytes`` of four arrays: Q and the output with ``heads`` heads, K and V
+    with ``kv_heads``. A device sends a fixed share of its own tokens' Q, K, V and output, so for
+    a fixed number of tokens per device its bytes hardly change with ``n``, where the ring's grow
+    with the whole sequence.
+
+    Each device needs whole K/V heads (and the query heads that share them), so ``n`` must
+    divide ``kv_heads``, and ``kv_heads`` must divide ``heads``; anything else is refused.
+    Implementations that copy K/V heads to more devices, or split heads unevenly, are not
+    modelled. With ``backward``, the backward pass is added: JAX transposes each all-to-all
+    into one with the split and concatenated axes swapped, the same bytes again.
+    """
+    tokens, kv_heads, head_dim, n, itemsize = _attention_sizes(
+        tokens, kv_heads, head_dim, n, itemsize
+    )
+    heads = validate.whole(heads, "heads", error=validate.BadValue)
+    if heads % kv_heads:
+        raise validate.BadValue(
+            f"{heads} query heads do not share {kv_heads} K/V heads evenly; "
+            "heads must be a multiple of kv_heads."
+        )
+    if kv_heads % n:
+        raise validate.BadValue(
+            f"Ulysses gives each device whole K/V heads, and {kv_heads} K/V heads do not split "
+            f"over {n} devices; use a number of devices that divides {kv_heads}, or a ring."
+        )
+    q_bytes = tokens * heads * head_dim * itemsize  # Q, and the output of the same shape
+    kv_bytes = 2 * tokens * kv_heads * head_dim * itemsize
+    return _passes(backward) * all_to_all_bytes(2 * q_bytes + kv_bytes, n)
