@@ -8,9 +8,10 @@ hidden units and vocabulary split) and pipeline stages over ``pp`` (layers split
 activations, and the bytes each device sends per step for each kind of parallelism;
 ``plan(...).seconds(HARDWARE[name])`` turns them into a lower bound on the step time.
 
-Chapter 18 checks the counts against programs XLA compiled at small scale; the conventions
-behind them are keyword arguments of ``plan`` with the defaults stated there. The collective
-formulas and the alpha-beta time are ``book.cost``'s, the ones chapter 12 uses.
+Chapter 18 and tests/test_sizing.py check the counts against programs XLA compiled at small
+scale; the conventions behind them are keyword arguments of ``plan`` with the defaults stated
+there. The collective formulas and the alpha-beta time are ``book.cost``'s, the ones chapter
+12 uses.
 """
 
 from __future__ import annotations
@@ -488,7 +489,7 @@ def plan(
       14's scan), with ``"1f1b"`` at most ``pp`` microbatches' (the first stage's peak in
       1F1B's order; its steps, bubble and bytes sent are GPipe's). Chapter 14's
       program also runs its layers, and their FSDP and TP collectives, at its ``pp - 1``
-      idle steps, and keeps those steps' activations; chapter 18 accounts for both.
+      idle steps, and keeps those steps' activations; tests/compiled_plans.py accounts for both.
     """
     _check_model(model)
     layout = {k: _whole(v, k) for k, v in zip(KINDS, (dp, fsdp, tp, pp))}

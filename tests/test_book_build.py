@@ -111,10 +111,7 @@ RESULTS = {
         "traced again: 1 time",
         "two from the table: traced 1 time",
     ],
-    "18_planning_a_real_run": [
-        "4 layouts compiled and planned: every check holds",
-        "FSDP x TP x PP compiled and planned: every check holds",
-    ],
+    "18_planning_a_real_run": ["TP over 8 devices, compiled and planned: equal to the byte"],
     "20_serving": [
         "every layout: the tokens of one device, token for token",
         "FLOPs per weight byte per prompt token",
@@ -180,12 +177,11 @@ TABLES = {
     ],
     # the collectives, device 0's instructions, the compile log, the cache's two processes
     "17_profiling": [("<table class='bk-table'>", 4), "<td>reduce-scatter</td>"],
-    # presets, state, activations, bytes per axis, pipelines and their bytes per axis, chips,
-    # 2 memory, 2 bounds, published
+    # presets, chips, rules of thumb, 2 memory, 2 bounds, published, the form's layouts, the
+    # compiled step beside its plan
     "18_planning_a_real_run": [
-        ("<table class='bk-table'>", 12),
-        "Bytes per device, compiled and calculated: equal in every layout",
-        "microbatches: bytes per device",
+        ("<table class='bk-table'>", 10),
+        "step with TP over 8 devices, beside its plan",
         "quoted, then calculated",
     ],
     # the step's collectives, the traced step device by device, the interrupted run's attempts
