@@ -897,3 +897,67 @@ def serve(
         comm,
         tuple(collectives),
     )
+
+
+# Expert parallelism (chapter 21): what a mixture-of-experts layer's all-to-alls send.
+
+
+def moe_all_to_all_bytes(
+    tokens: int,
+    *,
+    top_k: int,
+    d_model: int,
+    experts: int,
+    expert_parallel: int,
+    capacity_factor: float | None = None,
+    dtype: str = "bfloat16",
+) -> dict[str, float]:
+    """Bytes each device sends in one MoE layer's all-to-alls: ``{"forward": .., "backward": ..}``.
+
+    An all-to-all moves buffers whose shape is fixed before the router runs, so what a layer
+    sends follows from the sizes alone, however the tokens are routed. A device routes its
+    ``tokens`` tokens to ``top_k`` of ``experts`` experts, split evenly over the
+    ``expert_parallel`` devices of the expert axis, and sends each of them a block of rows of
+    ``d_model`` values in ``dtype``. With ``capacity_factor``, each expert takes
+    ``ceil(capacity_factor * top_k * tokens / experts)`` rows from each device and drops the
+    rest (chapter 15), and a block holds its device's experts' rows. Dropless
+    (``capacity_factor=None``), a block has room for all ``top_k * tokens`` assignments, since
+    all of them may choose experts of one device: the worst case, ``expert_parallel`` times the
+    assignments in all. Forward, the tokens go out and the results come back, and each expert's
+    count of full rows (an int32) goes out with them; backward, the transposes of the two
+    all-to-alls send the same blocks again, without the counts. A ragged all-to-all sends only
+    full rows, which depends on the routing: it is not counted here.
+    """
+    tokens = _whole(tokens, "tokens")
+    top_k = _whole(top_k, "top_k")
+    d_model = _whole(d_model, "d_model")
+    experts = _whole(experts, "experts")
+    ep = _whole(expert_parallel, "expert_parallel")
+    size = DTYPE_BYTES[_dtype(dtype, "dtype")]
+    if top_k > experts:
+        raise SizingError(
+            f"top_k={top_k} is more than the {experts} experts; choose a top_k of at most "
+            f"{experts}."
+        )
+    if experts % ep:
+        raise SizingError(
+            f"{experts} experts do not split evenly over expert_parallel={ep}; choose an "
+            f"expert_parallel that divides {experts}."
+        )
+    local = experts // ep
+    if capacity_factor is None:
+        rows = top_k * tokens
+    else:
+        factor = validate.number(
+            capacity_factor,
+            "capacity_factor",
+            above=True,
+            high=1e6,
+            wanted="a number above 0 such as 1.25, or None for dropless",
+            error=SizingError,
+        )
+        rows = local * math.ceil(factor * top_k * tokens / experts)
+    # book.cost's all-to-all takes the global array: ep devices' buffers of ep blocks each.
+    blocks = cost.all_to_all_bytes(ep * ep * rows * d_model * size, ep)
+    counts = cost.all_to_all_bytes(ep * experts * 4, ep)
+    return {"forward": 2 * blocks + counts, "backward": 2 * blocks}
