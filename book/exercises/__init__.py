@@ -43,6 +43,7 @@ from book.exercises.manual import (
     ch06_both_ways,
     ch06_ring_right,
 )
+from book.exercises.newer import ch21_stash_bytes, ch21_ulysses_wins
 from book.exercises.pipeline import ch14_in_flight, ch14_microbatches, ch14_stage_work
 from book.exercises.profiling import ch17_as_rate, ch17_collective_share, ch17_step_flops
 from book.exercises.running import ch19_best_interval, ch19_records_of
@@ -115,6 +116,8 @@ __all__ = [
     "ch19_records_of",
     "ch20_largest_batch",
     "ch20_tp_token_bytes",
+    "ch21_stash_bytes",
+    "ch21_ulysses_wins",
     "INTENSITY_SHAPES",
     "Verdict",
     "matmul_intensity",
