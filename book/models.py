@@ -47,9 +47,15 @@ def _generator(seed) -> np.random.Generator:
 
 
 def _dtype(dtype):
-    """A floating dtype for parameters or inputs, such as ``np.float32`` or ``jnp.bfloat16``."""
+    """A floating dtype for parameters or inputs, such as ``np.float32`` or ``jnp.bfloat16``.
+
+    A type, not an array or a number (whose dtype NumPy would read), and one JAX has: NumPy's
+    ``np.longdouble`` is wider than any of JAX's floats.
+    """
     try:
-        floating = jnp.issubdtype(dtype, jnp.floating)
+        value = isinstance(dtype, (np.generic, np.ndarray, jax.Array))
+        floating = not value and jnp.issubdtype(dtype, jnp.floating)
+        floating = floating and np.dtype(dtype).itemsize <= 8
     except Exception:  # noqa: BLE001 - not a dtype at all
         floating = False
     if not floating:

@@ -534,6 +534,24 @@ def test_a_learning_rate_of_nan_does_not_turn_the_model_into_nan():
         models.sgd(PARAMS, PARAMS, math.nan)
 
 
+# An array or a number where a dtype belongs, or a floating type NumPy has and JAX has not
+# (float128, where np.longdouble is wider than float64).
+NOT_JAX_DTYPES = [jnp.array(1.0), np.array([1.0]), np.float32(1)] + [np.longdouble] * (
+    np.dtype(np.longdouble).itemsize > 8
+)
+
+
+@pytest.mark.parametrize("dtype", NOT_JAX_DTYPES, ids=repr)
+def test_a_dtype_jax_cannot_make_is_refused(dtype):
+    for call in (
+        lambda: models.init(0, 4, 8, 3, dtype),
+        lambda: models.synthetic_data(0, 16, 4, 3, dtype),
+    ):
+        with pytest.raises(ReaderError, match="dtype") as caught:
+            call()
+        one_sentence(caught.value)
+
+
 def test_labels_beyond_the_classes_are_refused():
     with pytest.raises(ReaderError, match="classes"):
         models.cross_entropy(X[:, :3], Y + 3)
