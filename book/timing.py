@@ -62,7 +62,15 @@ def format_seconds(seconds: float) -> str:
 def _block(result):
     import jax
 
-    return jax.block_until_ready(result)
+    try:
+        return jax.block_until_ready(result)
+    except (RecursionError, SystemError) as err:  # JAX's SystemError holds the RecursionError
+        if not isinstance(err, RecursionError) and not isinstance(err.__cause__, RecursionError):
+            raise
+    raise validate.BadValue(
+        "f returned a list or dict that holds itself, or one nested too deep for JAX to wait "
+        "on its arrays; return the arrays."
+    )
 
 
 def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Timing:

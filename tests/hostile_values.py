@@ -12,6 +12,14 @@ def holding_itself(kind):
     return found
 
 
+def nested(depth=10_000):
+    """A list inside a list, ``depth`` deep: finite, but deeper than Python's recursion limit."""
+    found = []
+    for _ in range(depth):
+        found = [found]
+    return found
+
+
 class Unprintable:
     """An object whose ``repr`` and ``str`` raise, as a broken user class might."""
 

@@ -8,8 +8,10 @@ is what ``measure`` does, never how fast this machine happens to be (timing is s
 import time
 
 import pytest
+from hostile_values import holding_itself, nested
 
 from book import timing
+from book.errors import ReaderError
 
 
 class Clock:
@@ -82,6 +84,14 @@ def test_text_and_bad_arguments():
     assert str(timing.Timing(0.002, 0.001, (0.001, 0.002, 0.003))).startswith("2 ms (median of 3")
     with pytest.raises(ValueError, match="runs must be a positive whole number"):
         timing.measure(lambda: 1, runs=0)
+
+
+@pytest.mark.parametrize("kind", ["list", "dict", "nested"])
+def test_a_result_jax_cannot_walk_is_refused_in_one_sentence(kind):
+    result = nested() if kind == "nested" else holding_itself(kind)
+    with pytest.raises(ReaderError, match="f returned") as caught:
+        timing.measure(lambda: result, warmup=0, runs=1)
+    assert "\n" not in str(caught.value)
 
 
 def test_largest_cache_is_read_from_sysfs(tmp_path):
