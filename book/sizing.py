@@ -383,18 +383,11 @@ class Plan:
         ``dp``: an axis whose devices, with those of the axes inside it, fit in one domain
         stays on the fast link; otherwise its rings cross the slow one.
         """
-        return _links(self.layout, INNER_TO_OUTER, hardware)
+        return _links(self.layout, INNER_TO_OUTER, _chip(hardware))
 
     def seconds(self, hardware) -> Seconds:
         """Compute, communication and the step's lower bound on ``hardware``."""
-        if isinstance(hardware, str) and str.__str__(hardware) in HARDWARE:
-            hardware = HARDWARE[str.__str__(hardware)]
-        if not isinstance(hardware, Hardware):
-            names = ", ".join(HARDWARE)
-            raise SizingError(
-                f"Pass one of book.sizing.HARDWARE ({names}) or its name, not "
-                f"{validate.describe(hardware)}."
-            )
+        hardware = _chip(hardware)
         links = self.links(hardware)
         comm = _comm_seconds(self.collectives, links, KINDS)
         compute = self.flops["hardware"] / (self.devices * hardware.peak_flops)
@@ -724,7 +717,7 @@ class ServePlan:
 
     def links(self, hardware: Hardware) -> dict:
         """Which link each kind's axis runs over, filling the fast domain from the inside."""
-        return _links(self.layout, SERVE_INNER_TO_OUTER, hardware)
+        return _links(self.layout, SERVE_INNER_TO_OUTER, _chip(hardware))
 
     def decode_seconds(self, hardware) -> DecodeSeconds:
         """The decode step's compute, memory and communication times, and its bound."""
@@ -740,7 +733,8 @@ class ServePlan:
         return DecodeSeconds(compute, memory, comm, kinds, bound, serial, 1 / bound, per_chip)
 
 
-def _hardware(hardware) -> Hardware:
+def _chip(hardware) -> Hardware:
+    """One of ``HARDWARE``, a ``Hardware`` of the reader's own, or a name ``HARDWARE`` has."""
     if isinstance(hardware, str) and str.__str__(hardware) in HARDWARE:
         hardware = HARDWARE[str.__str__(hardware)]
     if not isinstance(hardware, Hardware):
@@ -749,6 +743,12 @@ def _hardware(hardware) -> Hardware:
             f"Pass one of book.sizing.HARDWARE ({names}) or its name, not "
             f"{validate.describe(hardware)}."
         )
+    return hardware
+
+
+def _hardware(hardware) -> Hardware:
+    """A chip serving can be timed on: one whose HBM bandwidth is known."""
+    hardware = _chip(hardware)
     if hardware.hbm_bandwidth is None:
         raise SizingError(
             f"{hardware.name} has no HBM bandwidth; give its Hardware an hbm_bandwidth."

@@ -140,6 +140,8 @@ def test_hardware_has_sources():
         lambda: sizing.Transformer(2, 64, 128, 6, 4, 64),
         lambda: sizing.Transformer(2, 64, 128, 16, 8, 64, gated="yes"),
         lambda: _plan().seconds("TPU v9"),
+        lambda: _plan().links(8.0),  # only a chip has links
+        lambda: sizing.serve(LLAMA_8B, batch=8, context=64).links(b"H100"),
         lambda: sizing.plan(LLAMA_8B, tp=16, global_batch=8, seq=8),  # 8 K/V heads
         lambda: sizing.plan(LLAMA_8B, global_batch=8, seq=2**31 - 1),
     ],
