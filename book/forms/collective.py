@@ -302,9 +302,11 @@ def _body(c: Choice, diagram: bool) -> str:
         f"{c.axis!r}, each running it on its own: "
         + ", ".join("[" + ", ".join(str(devices.ravel()[k].id) for k in g) + "]" for g in groups)
     )
+    shape = c.mesh_shape
+    mesh_text = f"{shape[0]}-device" if len(shape) == 1 else "x".join(map(str, shape))
     head = (
         f"<div><code>{html.escape(call_text(c))}</code> on the "
-        f"{'x'.join(map(str, c.mesh_shape))} mesh ({html.escape(', '.join(c.axis_names))}): "
+        f"{mesh_text} mesh ({html.escape(', '.join(c.axis_names))}): "
         f"{html.escape(where)}.</div>"
     )
     pairs_in = list(zip(labels, before))
