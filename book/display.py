@@ -499,6 +499,14 @@ def _device_grid(x):
     return grid.reshape(grid.shape[0], -1), names, np.asarray(mesh.devices).shape if mesh else None
 
 
+def mesh_text(shape) -> str:
+    """A mesh's shape in prose, with its article: 'a 2x4 mesh', 'an 8-device mesh'."""
+    words = f"{shape[0]}-device" if len(shape) == 1 else "x".join(map(str, shape))
+    # 'an' before the numbers said with a vowel first: eight, eighty..., eleven, eighteen.
+    article = "an" if re.match(r"8|1[18](?!\d)", words) else "a"
+    return f"{article} {words} mesh"
+
+
 def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str = "x") -> Rendered:
     """Every device's shard of ``x``: its device id, mesh position, index and actual values.
 
@@ -537,9 +545,7 @@ def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str
     s = shards.summarize(x)
     mesh_note = ""
     if mesh_shape is not None:
-        mesh_note = (
-            " on a " + "x".join(map(str, mesh_shape)) + " mesh " + str(tuple(n for n in names if n))
-        )
+        mesh_note = f" on {mesh_text(mesh_shape)} {tuple(n for n in names if n)}"
     summary = (
         f"array {s.shape} {s.dtype}{mesh_note}: shard shape {s.shard_shape}, "
         f"{s.bytes_per_device:,} of {s.total_bytes:,} bytes per device, "

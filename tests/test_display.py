@@ -71,6 +71,20 @@ def test_the_table_names_the_array():
     assert " x[" not in table.text
 
 
+def test_the_summary_names_the_mesh_with_its_article():
+    x = put(np.arange(8), mesh((8,), ("data",)), P("data"))
+    assert "on an 8-device mesh ('data',)" in display.shard_table(x).text
+    texts = [display.mesh_text(s) for s in [(2, 4), (8, 1), (11,), (18, 2), (110,), (4,)]]
+    assert texts == [
+        "a 2x4 mesh",
+        "an 8x1 mesh",
+        "an 11-device mesh",
+        "an 18x2 mesh",
+        "a 110-device mesh",
+        "a 4-device mesh",
+    ]
+
+
 def test_large_shards_are_trimmed():
     x = put(np.arange(64 * 64).reshape(64, 64), mesh((2, 4), ("data", "model")), P())
     assert "…" in display.shard_table(x).html

@@ -77,7 +77,7 @@ def test_widget_follows_the_choices(monkeypatch):
     controls, out = form.widget.children
     strategy_box, mesh_box = controls.children
     assert mesh_box.options == ("8", "4", "2") and mesh_box.value == "8"
-    assert "DP on a 8-device mesh (data=8)" in out.value
+    assert "DP on an 8-device mesh (data=8)" in out.value
     strategy_box.value = "DP x TP"
     assert mesh_box.options == ("4x2", "2x4")
     assert "DP x TP on a 4x2 mesh" in out.value

@@ -94,14 +94,10 @@ def _body(a) -> str:
     axes = ", ".join(
         f"{name}={size}" for name, size in zip(strategies.AXES[a.strategy], a.mesh_shape)
     )
-    if len(a.mesh_shape) == 1:
-        mesh_text = f"{a.mesh_shape[0]}-device"
-    else:
-        mesh_text = "x".join(map(str, a.mesh_shape))
     s = a.sizes
     head = (
-        f"<div class='bk-viz'><b>{html.escape(a.strategy)} on a "
-        f"{mesh_text} mesh ({html.escape(axes)})</b>: batch {s.batch}, "
+        f"<div class='bk-viz'><b>{html.escape(a.strategy)} on "
+        f"{display.mesh_text(a.mesh_shape)} ({html.escape(axes)})</b>: batch {s.batch}, "
         f"MLP {s.features} → {s.hidden} → {s.classes}. "
         f"{html.escape(STRATEGY_EXPLAINED[a.strategy])}</div>"
     )
