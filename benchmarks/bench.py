@@ -241,7 +241,7 @@ def report(chapter_rows, form_rows, start_load) -> str:
 def _notebook(text: str) -> Path:
     """A notebook that exists, checked before a kernel is started for it."""
     try:
-        found = Path(text).is_file()
+        found = Path(text).is_file() and text.endswith(".ipynb")
     except (OSError, ValueError):  # a name too long, or one holding NUL
         found = False
     if not found:
@@ -254,7 +254,7 @@ def _report_file(text: str) -> Path:
     path = Path(text)
     try:  # a file made in its folder and removed at once: os.access says yes to /proc
         with tempfile.TemporaryFile(dir=path.parent):
-            usable = not path.is_dir()
+            usable = path.is_file() or not path.exists()  # not a folder, a pipe, a terminal
     except (OSError, ValueError):  # no such folder, a name too long, or one holding NUL
         usable = False
     if not usable:
@@ -278,8 +278,9 @@ def main():
 
     book.devices.setup(8)
     form_rows = [(name, _median_ms(*case)) for name, *case in form_cases()]
-    args.out.write_text(report(chapter_rows, form_rows, start_load))
-    print(args.out.read_text())
+    text = report(chapter_rows, form_rows, start_load)
+    args.out.write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -428,9 +428,11 @@ def test_checkers_run_under_the_books_settings(readers_settings, monkeypatch):
         ["--out", "/proc/BENCHMARKS.md"],
         ["--out", "/"],
         ["--out", "x" * 5000],
+        ["--out", "/dev/stdout"],
         ["--one", "/no/such/notebook.ipynb"],
+        ["--one", __file__],
     ],
-    ids=["missing folder", "proc", "a folder", "too long", "no notebook"],
+    ids=["missing folder", "proc", "a folder", "too long", "a terminal", "no notebook", "a .py"],
 )
 def test_a_bad_flag_to_the_benchmark_is_refused_before_any_timing(flags):
     """Refused by argparse in one line, not by a traceback after minutes of chapters."""
