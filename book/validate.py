@@ -293,14 +293,23 @@ def text(
     empty: bool = False,
     error: type[ReaderError] = ReaderError,
 ) -> str:
-    """A string of at most ``limit`` characters (not empty unless ``empty``)."""
+    """A string of at most ``limit`` characters (not empty unless ``empty``).
+
+    A lone surrogate (``'\\udcff'``, what Python makes of bytes that are not UTF-8) is refused:
+    it is no character, and a page or a plot fails on it.
+    """
     if not isinstance(value, str):
         raise error(f"Type {name} as text, such as {example}, not {describe(value)}.")
     value = plain(value)
+    called = name[:1].upper() + name[1:]
     if len(value) > limit:
-        raise error(f"{name[:1].upper()}{name[1:]} is too long; keep it under {limit} characters.")
+        raise error(f"{called} is too long; keep it under {limit} characters.")
     if not empty and not value.strip():
-        raise error(f"{name[:1].upper()}{name[1:]} is empty; type one, such as {example}.")
+        raise error(f"{called} is empty; type one, such as {example}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error(f"{called} holds a character that is not text; type it again.") from None
     return value
 
 

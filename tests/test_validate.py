@@ -169,6 +169,13 @@ def test_text_false_is_not_true():
         validate.flag("False", "tiled")
 
 
+@pytest.mark.parametrize("text", ["\udcff", "a\ud800b"])
+def test_a_lone_surrogate_is_no_text(text):
+    """What Python makes of bytes that are not UTF-8: no page or plot can show it."""
+    with pytest.raises(ReaderError, match="holds a character that is not text"):
+        validate.text(text, "the title", example="'x'")
+
+
 def test_process_counts_are_bounded_by_the_machine():
     most = validate.max_processes()
     assert 2 <= most <= 64
