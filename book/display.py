@@ -42,6 +42,8 @@ class DisplayError(ReaderError, ValueError):
 
 def styled(body: str) -> str:
     """HTML that carries the book's stylesheet: the one place an output embeds it."""
+    if not isinstance(body, str):
+        raise DisplayError(f"body must be HTML text, not {validate.describe(body)}.")
     return f"<style>{STYLESHEET}</style>{body}"
 
 
@@ -142,11 +144,12 @@ def _cell(v) -> str:
 def _sequence(value, what: str, example: str) -> list:
     """A list or tuple (or an array, or rows made on the fly), never a text or a mapping.
 
-    A string would be taken one character at a time, a dict by its keys, so both are refused.
+    A string would be taken one character at a time, a dict by its keys, so both are refused,
+    and so is a class such as ``list``, which has ``__iter__`` but no items.
     """
     value = validate.plain(value)
     if (
-        isinstance(value, (str, bytes, dict, set))
+        isinstance(value, (str, bytes, dict, set, type))
         or not hasattr(value, "__iter__")
         or getattr(value, "ndim", 1) == 0
     ):
@@ -629,7 +632,9 @@ def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
     title = _title(title)
     groups = validate.plain(groups)
     if groups is not None and (
-        not isinstance(groups, (list, tuple, np.ndarray)) or len(groups) != n
+        not isinstance(groups, (list, tuple, np.ndarray))
+        or getattr(groups, "ndim", 1) == 0
+        or len(groups) != n
     ):
         raise DisplayError(
             f"groups must be a list with one entry per label ({n}), not "
@@ -727,6 +732,7 @@ def before_after_table(
     """
     before, after = shards.blocks(before), shards.blocks(after)
     title = _title(title)
+    headers = validate.plain(headers)
     if (
         not isinstance(headers, (tuple, list))
         or len(headers) != 2
@@ -791,10 +797,12 @@ def _positions(groups, n) -> list[list[int]]:
         f"groups must be lists of device positions 0 to {n - 1}, each position in one group, "
         f"such as [[0, 1], [2, 3]], not {validate.describe(groups)}."
     )
+    groups = validate.plain(groups)
     if not isinstance(groups, (list, tuple)) or not groups:
         raise DisplayError(message)
     out = []
     for group in groups:
+        group = validate.plain(group)
         if not isinstance(group, (list, tuple)) or not group:
             raise DisplayError(message)
         out.append(

@@ -135,6 +135,7 @@ def worker_env(
         devices_per_process, "devices_per_process", high=MAX_DEVICES_PER_PROCESS, example=4
     )
     coordinator = validate.text(coordinator, "the coordinator address", example="'127.0.0.1:1234'")
+    base = validate.plain_mapping(base)
     if base is not None and not isinstance(base, Mapping):
         raise ReaderError(f"base must be a mapping of variables, not {validate.describe(base)}.")
     env = dict(os.environ if base is None else base)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hostile_values import Unprintable, holding_itself, lying
+from hostile_values import Unprintable, holding_itself, lying, nested
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
@@ -204,6 +204,42 @@ def test_layouts_perms_and_models_read_subclasses_or_refuse_in_one_sentence():
 )
 def test_odd_values_inside_tables_texts_and_paths_give_a_result_or_one_sentence(call):
     result_or_sentence(call)
+
+
+TIMELINE = [trace.Op(0, "all-gather.1", "jit_f", 0.0, 2.0), trace.Op(0, "dot", "jit_f", 2.0, 1.0)]
+BLOCKS = [np.array([1.0]), np.array([2.0])]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: display.table(dict, [["a"]]),  # a class where a list belongs
+        lambda: display.table(["a"], list),
+        lambda: display.outputs_html(tuple),
+        lambda: display.timeline(list, {}),
+        lambda: display.before_after_table(BLOCKS, BLOCKS, headers=lying("list", ["a", "b"])),
+        lambda: display.collective_diagram(
+            BLOCKS, BLOCKS, reduce="sum", groups=lying("list", [[0, 1]])
+        ),
+        lambda: display.ring_diagram(["a", "b"], groups=np.array("a")),  # a 0-d array
+        lambda: display.styled(nested()),
+        lambda: display.timeline(TIMELINE, {}, title="\udcff"),  # bytes that are no UTF-8
+        lambda: display.table(["a"], [[1]], note="\ud800"),
+    ],
+)
+def test_classes_lying_lists_0d_arrays_and_surrogates_give_a_result_or_one_sentence(call):
+    import matplotlib.pyplot as plt
+
+    got = result_or_sentence(call)
+    if isinstance(got, plt.Figure):
+        plt.close(got)
+
+
+def test_a_workers_base_environment_is_read_for_what_it_holds():
+    from book import multihost
+
+    env = multihost.worker_env(0, 1, 1, "127.0.0.1:1", base=lying("dict", {"A": "1"}))
+    assert env["A"] == "1" and env["JAX_PROCESS_ID"] == "0"
 
 
 # book.cost: every formula takes sizes, bytes and counts, or says which is wrong -------------
