@@ -459,7 +459,7 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
         "concatenated": lambda x: jnp.concatenate([x, x], axis=1),
         "sliced": lambda x: x[:, : x.shape[1] // 2],
     }
-    moving = set()
+    moving = {}  # name: the collectives its compiled program runs
     with jax.set_mesh(_explicit_2x4()):
         x = jax.device_put(ints((16, 32), 41), P("data", "model"))
         for name, fn in cases.items():
@@ -472,8 +472,9 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
                 f"{code} has type {jax.typeof(out)}, so its spec is {spec_text(real)}, not "
                 f"{spec_text(answers[name])}.",
             )
-            if book.hlo.collectives(jitted.lower(x).compile()):
-                moving.add(name)
+            ops = [r.op for r in book.hlo.collectives(jitted.lower(x).compile())]
+            if ops:
+                moving[name] = ", ".join(f"{ops.count(op)} x {op}" for op in dict.fromkeys(ops))
         try:
             cases["sliced"](x)
             eager = "outside jax.jit the slice works as well"
@@ -482,13 +483,13 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
                 f"outside jax.jit the same slice raises a {type(err).__name__}, because eagerly "
                 "JAX slices a sharded array with a gather, whose sharding it will not guess"
             )
-    for name in sorted(moving - moves_data):
+    for name in sorted(set(moving) - moves_data):
         need(
             False,
             f"{_CH04_CODE[name]} moves data too: its type keeps a split over 'model', but "
             "the result's blocks are not the blocks of x each device holds.",
         )
-    for name in sorted(moves_data - moving):
+    for name in sorted(moves_data - set(moving)):
         need(
             False,
             f"{_CH04_CODE[name]} moves nothing: every device makes its block of the result "
@@ -496,7 +497,8 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
         )
     return (
         "x.T is free, while the concatenation and the slice keep the spec of x in their type "
-        f"yet move data; {eager}."
+        f"yet move data: compiled here, the concatenation runs {moving['concatenated']} and the "
+        f"slice {moving['sliced']}; {eager}."
     )
 
 
