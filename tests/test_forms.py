@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+from hostile_values import lying
 
 from book import display, forms
 
@@ -21,6 +22,8 @@ def test_spec_choices_follow_the_axis_names():
         "('data', 'model')",
         "('model', 'data')",
     ]
+    # a list subclass whose own len() and iteration fail: read for the names it holds
+    assert forms.spec_choices(lying("list", ["data"])) == ["None", "'data'"]
 
 
 def test_render_good_choice_shows_every_device():

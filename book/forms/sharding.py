@@ -35,6 +35,7 @@ class Choice:
 
 def spec_choices(axis_names) -> list[str]:
     """What one array dimension can be sharded over: nothing, one axis, or two axes together."""
+    axis_names = validate.plain(axis_names)
     if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
         raise specs.SpecError(
             "The axis names must be a tuple of names such as ('data', 'model'), not "
