@@ -122,6 +122,11 @@ RESULTS = {
         "each read once, at the same step as in the reference",
         "the traced step moves 1 activation per layer to host memory",
     ],
+    "21_newer_forms": [
+        "gradients equal to one device's within rtol=1e-5, atol=1e-6",
+        "Ulysses on 8 devices: output, dq, dk and dv equal one device's",
+        "1F1B: 4 slots; the loss and gradients are one device's",
+    ],
 }
 
 # Errors the chapters provoke on purpose, caught and explained on the page.
@@ -140,6 +145,8 @@ CAUGHT = {
     ],
     # train.py refusing a layout and a mesh it cannot run, in one sentence each
     "19_a_training_run": ["argument --layout: invalid choice", "must give each axis of DP"],
+    # book.cost refusing Ulysses on more devices than K/V heads, in one sentence
+    "21_newer_forms": ["8 K/V heads do not split over 16 devices"],
     # book.sizing refusing a serving plan in one sentence, twice, in the form's HTML
     "20_serving": ["is more than the model", "does not split evenly over dp x fsdp"],
 }

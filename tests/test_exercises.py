@@ -39,6 +39,7 @@ ALONE = {
     "14_pipeline_parallelism",
     "15_experts_and_long_sequences",
     "19_a_training_run",
+    "21_newer_forms",
 }
 
 

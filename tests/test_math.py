@@ -32,6 +32,7 @@ WITH_MATH = (
     "18_planning_a_real_run",
     "19_a_training_run",
     "20_serving",
+    "21_newer_forms",
 )
 MATHJAX = re.compile(r'<script[^>]*src="[^"]*_static/mathjax/tex-chtml-full\.js')
 
