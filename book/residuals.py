@@ -6,6 +6,9 @@ in ``jax._src``), so this module reads the printout. Each line is one residual: 
 file.py:12:8 (ag)``, ``named 'gathered' from ...``, ``from the argument ...`` or ``from a
 constant``. The type gives the shape and the bytes; the source is kept as printed, less the file
 and line, so that a chapter can show it.
+
+``name_p``, the primitive ``checkpoint_name`` binds, is here for remat policies that refuse a
+name: ``jax.ad_checkpoint`` exports it from jax 0.12 on, older versions only in ``jax._src``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ import re
 from dataclasses import dataclass
 
 from jax.ad_checkpoint import print_saved_residuals
+
+try:
+    from jax.ad_checkpoint import name_p as name_p
+except ImportError:  # jax older than 0.12
+    from jax._src.ad_checkpoint import name_p as name_p
 
 from book import validate
 from book.errors import ReaderError

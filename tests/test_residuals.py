@@ -25,6 +25,11 @@ def test_a_product_saves_its_operands_with_their_shapes_and_bytes():
     assert book.residuals.total_bytes(found) == sum(r.nbytes for r in found)
 
 
+def test_name_p_is_what_checkpoint_name_binds():
+    (eqn,) = jax.make_jaxpr(lambda v: checkpoint_name(v, "kept"))(1.0).eqns
+    assert eqn.primitive is book.residuals.name_p
+
+
 def test_the_source_tells_a_named_value_from_an_operation():
     def f(x):
         y = checkpoint_name(jnp.sin(x), "kept")
