@@ -911,22 +911,28 @@ def moe_all_to_all_bytes(
     expert_parallel: int,
     capacity_factor: float | None = None,
     dtype: str = "bfloat16",
+    ragged: bool = False,
 ) -> dict[str, float]:
     """Bytes each device sends in one MoE layer's all-to-alls: ``{"forward": .., "backward": ..}``.
 
-    An all-to-all moves buffers whose shape is fixed before the router runs, so what a layer
-    sends follows from the sizes alone, however the tokens are routed. A device routes its
+    A dense all-to-all moves buffers whose shape is fixed before the router runs, so what a
+    layer sends follows from the sizes alone, however the tokens are routed. A device routes its
     ``tokens`` tokens to ``top_k`` of ``experts`` experts, split evenly over the
     ``expert_parallel`` devices of the expert axis, and sends each of them a block of rows of
     ``d_model`` values in ``dtype``. With ``capacity_factor``, each expert takes
     ``ceil(capacity_factor * top_k * tokens / experts)`` rows from each device and drops the
     rest (chapter 15), and a block holds its device's experts' rows. Dropless
-    (``capacity_factor=None``), a block has room for all ``top_k * tokens`` assignments, since
-    all of them may choose experts of one device: the worst case, ``expert_parallel`` times the
-    assignments in all. Forward, the tokens go out and the results come back, and each expert's
-    count of full rows (an int32) goes out with them; backward, the transposes of the two
-    all-to-alls send the same blocks again, without the counts. A ragged all-to-all sends only
-    full rows, which depends on the routing: it is not counted here.
+    (``capacity_factor=None``), a block has room for every assignment its device's experts can
+    get: a token's ``top_k`` experts are distinct, so one device gets at most
+    ``min(top_k, experts / expert_parallel)`` of them, and the block ``tokens`` times that many
+    rows (the worst case MaxText's ``get_ragged_buffer_size`` sizes, ``min(expert_parallel,
+    experts / top_k)`` times the balanced share). Forward, the tokens go out and the results
+    come back, and each expert's count of full rows (an int32) goes out with them; backward,
+    the transposes of the two all-to-alls send the same blocks again, without the counts.
+
+    With ``ragged`` (dropless only), the exchanges send only the routed rows, as
+    ``ragged_all_to_all`` does; what that is depends on the router, so this counts a balanced
+    one, which sends ``top_k * tokens / expert_parallel`` rows to each device.
     """
     tokens = _whole(tokens, "tokens")
     top_k = _whole(top_k, "top_k")
@@ -945,8 +951,15 @@ def moe_all_to_all_bytes(
             f"expert_parallel that divides {experts}."
         )
     local = experts // ep
-    if capacity_factor is None:
-        rows = top_k * tokens
+    if validate.flag(ragged, "ragged", error=SizingError) and capacity_factor is not None:
+        raise SizingError(
+            "A ragged all-to-all sends only the routed rows and drops none; leave "
+            "capacity_factor at None with ragged=True."
+        )
+    if ragged:
+        rows = top_k * tokens / ep  # a balanced router: the same share to every device
+    elif capacity_factor is None:
+        rows = min(top_k, local) * tokens
     else:
         factor = validate.number(
             capacity_factor,
