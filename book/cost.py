@@ -278,11 +278,12 @@ def ulysses_bytes(
     a fixed number of tokens per device its bytes hardly change with ``n``, where the ring's grow
     with the whole sequence.
 
-    Each device needs whole K/V heads (and the query heads that share them), so ``n`` must
-    divide ``kv_heads``, and ``kv_heads`` must divide ``heads``; anything else is refused.
-    Implementations that copy K/V heads to more devices, or split heads unevenly, are not
-    modelled. With ``backward``, the backward pass is added: JAX transposes each all-to-all
-    into one with the split and concatenated axes swapped, the same bytes again.
+    As MaxText implements it, each device needs whole K/V heads (and the query heads that
+    share them), so ``n`` must divide ``kv_heads``, and ``kv_heads`` must divide ``heads``;
+    anything else is refused. Implementations that repeat K/V heads on more devices, up to the
+    number of query heads and for more bytes, or split heads unevenly, are not modelled. With
+    ``backward``, the backward pass is added: JAX transposes each all-to-all into one with the
+    split and concatenated axes swapped, the same bytes again.
     """
     tokens, kv_heads, head_dim, n, itemsize = _attention_sizes(
         tokens, kv_heads, head_dim, n, itemsize
@@ -295,8 +296,9 @@ def ulysses_bytes(
         )
     if kv_heads % n:
         raise validate.BadValue(
-            f"Ulysses gives each device whole K/V heads, and {kv_heads} K/V heads do not split "
-            f"over {n} devices; use a number of devices that divides {kv_heads}, or a ring."
+            f"Ulysses as MaxText implements it gives each device whole K/V heads, and "
+            f"{kv_heads} K/V heads do not split over {n} devices; use a number of devices that "
+            f"divides {kv_heads}, or a ring."
         )
     q_bytes = tokens * heads * head_dim * itemsize  # Q, and the output of the same shape
     kv_bytes = 2 * tokens * kv_heads * head_dim * itemsize

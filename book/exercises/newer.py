@@ -54,8 +54,8 @@ def ch21_ulysses_wins(ulysses_wins):
         case = f"{heads} heads, {kv_heads} K/V head{'s' * (kv_heads > 1)} on {n} devices"
         need(
             not (got and kv_heads % n),
-            f"For {case} Ulysses cannot run: each device needs whole K/V heads, and "
-            f"{kv_heads} cannot split over {n}.",
+            f"For {case} Ulysses cannot run as the chapter lays it out: each device needs "
+            f"whole K/V heads, and {kv_heads} cannot split over {n}.",
         )
         raise Wrong(
             f"For {case} {'Ulysses' if want else 'the ring'} sends fewer bytes: compare "
@@ -70,26 +70,27 @@ def ch21_ulysses_wins(ulysses_wins):
 
 @checker
 def ch21_stash_bytes(gpipe_bytes, one_f_one_b_bytes, bubble):
-    """Exercise 21.2: each schedule's stash on a stage, and the bubble they share."""
+    """Exercise 21.2: each schedule's stash on its busiest stage, and the bubble they share."""
     p, m, size = PIPELINE["stages"], PIPELINE["microbatches"], PIPELINE["microbatch_bytes"]
-    answered(gpipe_bytes, "set gpipe_bytes to the bytes GPipe keeps on a stage")
+    answered(gpipe_bytes, "set gpipe_bytes to the bytes GPipe keeps on its busiest stage")
     gpipe = number(gpipe_bytes, "gpipe_bytes")
     need(
         gpipe == m * size,
-        f"Not {_shown(gpipe)} bytes for GPipe: every one of the {m} microbatches' stage "
-        "inputs waits for its backward.",
+        f"Not {_shown(gpipe)} bytes for GPipe: on every stage after the first, each of the "
+        f"{m} microbatches' stage inputs waits for its backward.",
     )
-    answered(one_f_one_b_bytes, "set one_f_one_b_bytes to the bytes 1F1B keeps on a stage")
+    answered(
+        one_f_one_b_bytes, "set one_f_one_b_bytes to the bytes 1F1B keeps on its busiest stage"
+    )
     ours = number(one_f_one_b_bytes, "one_f_one_b_bytes")
     need(
         ours != (p - 1) * size,
-        f"Not {_shown(ours)} bytes: stage 0 runs p forwards before its first backward, "
-        "so its stash holds min(m, p) stage inputs.",
+        f"Not {_shown(ours)} bytes: besides stage 1's p - 1 microbatches in flight, one more "
+        "can arrive before its forward runs, so the busiest stash holds min(m, p) stage inputs.",
     )
     need(
         ours == min(m, p) * size,
-        f"Not {_shown(ours)} bytes for 1F1B: its stash never holds more than min(m, p) "
-        "stage inputs.",
+        f"Not {_shown(ours)} bytes for 1F1B: its busiest stash holds min(m, p) stage inputs.",
     )
     answered(bubble, "set bubble to the fraction of a step each stage idles")
     got = number(bubble, "bubble")
