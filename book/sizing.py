@@ -445,6 +445,7 @@ def plan(
     remat: str = "full",
     sequence_parallel: bool = False,
     gradient_reduce: str = "reduce-scatter",
+    zero1: bool = False,
 ) -> Plan:
     """Memory and communication per device of one training step of ``model`` in this layout.
 
@@ -468,6 +469,10 @@ def plan(
     - FSDP gathers each layer's weights once forward and once backward and reduces its
       gradients, per microbatch; ``gradient_reduce="all-reduce"`` counts an all-reduce where
       the textbook has a reduce-scatter (what XLA compiles for CPU devices);
+    - DP all-reduces every gradient a device holds once a step; ``zero1=True`` (ZeRO-1, chapter 16) splits
+      the optimizer's state over ``dp`` instead of copying it, so DP reduce-scatters the
+      gradients and all-gathers the updated parameters (the same bytes where
+      ``param_dtype`` and ``grad_dtype`` agree);
     - TP all-reduces the residual stream four times per layer (twice forward, twice
       backward), a fifth time under full remat (the recomputed attention's output, which the
       recomputed MLP reads; with sequence parallelism the recomputation also gathers the
@@ -504,6 +509,7 @@ def plan(
     remat = validate.choice(remat, list(REMAT), "a remat policy", error=SizingError)
     schedule = validate.choice(schedule, list(SCHEDULES), "a pipeline schedule", error=SizingError)
     sequence_parallel = validate.flag(sequence_parallel, "sequence_parallel", error=SizingError)
+    zero1 = validate.flag(zero1, "zero1", error=SizingError)
     gradient_reduce = validate.choice(
         gradient_reduce, list(GRADIENT_REDUCE), "a gradient reduction", error=SizingError
     )
@@ -537,6 +543,7 @@ def plan(
         "remat": remat,
         "sequence_parallel": sequence_parallel,
         "gradient_reduce": gradient_reduce,
+        "zero1": zero1,
     }
     b = {k: DTYPE_BYTES[v] for k, v in dtypes.items()}
     arrays = _arrays(model)
@@ -553,7 +560,9 @@ def plan(
     memory = {
         "params": held * b["param_dtype"],
         "grads": held * b["grad_dtype"],
-        "optimizer": OPTIMIZER_MOMENTS[optimizer] * held * b["moment_dtype"]
+        "optimizer": OPTIMIZER_MOMENTS[optimizer]
+        * (math.ceil(held / layout["dp"]) if zero1 else held)
+        * b["moment_dtype"]
         + (4 if optimizer == "adamw" else 0),
         "activations": _activations(
             model, layout, local_layers, micro_tokens, seq, act, remat, sequence_parallel
@@ -596,10 +605,20 @@ def plan(
         gathered, reduced = elements * b["param_dtype"], elements * b["grad_dtype"]
         add("fsdp", "all-gather", what, gathered, 2 * count * microbatches, inside)
         add("fsdp", gradient_reduce, f"{what}: gradients", reduced, count * microbatches, inside)
-    # DP: every gradient a device holds, all-reduced once a step, layer by layer.
+    # DP: every gradient a device holds, all-reduced once a step, layer by layer; under
+    # ZeRO-1 reduce-scattered, and the parameters each device updated gathered.
     ends_held = held - local_layers * per_layer
-    add("dp", "all-reduce", "a layer's gradients", per_layer * b["grad_dtype"], local_layers)
-    add("dp", "all-reduce", "the ends' gradients", ends_held * b["grad_dtype"], 1, False)
+    for what, elements, count, inside in (
+        ("a layer's", per_layer, local_layers, True),
+        ("the ends'", ends_held, 1, False),
+    ):
+        grads = elements * b["grad_dtype"]
+        if zero1:
+            add("dp", "reduce-scatter", f"{what} gradients", grads, count, inside)
+            gathered = elements * b["param_dtype"]
+            add("dp", "all-gather", f"{what} updated parameters", gathered, count, inside)
+        else:
+            add("dp", "all-reduce", f"{what} gradients", grads, count, inside)
     # PP: a microbatch's activations forward and their gradients back, at every schedule step.
     steps = microbatches + layout["pp"] - 1
     add("pp", "collective-permute", "activations and their gradients", stream, 2 * steps, False)

@@ -54,6 +54,32 @@ def test_communication_follows_the_ring_formulas(n):
     assert _plan(dp=n).comm["tp"] == _plan(tp=n).comm["dp"] == 0
 
 
+@pytest.mark.parametrize("params, grads", [("float32", "float32"), ("bfloat16", "float32")])
+def test_zero1_splits_the_optimizer_over_dp(params, grads):
+    kw = dict(dp=8, tp=2, param_dtype=params, grad_dtype=grads)
+    dp, zero1 = _plan(**kw), _plan(zero1=True, **kw)
+    assert zero1.conventions["zero1"] and not dp.conventions["zero1"]
+    # AdamW's two float32 moments of what a device holds, split 8 ways; the step count whole.
+    held = dp.memory["grads"] // 4
+    assert zero1.memory["optimizer"] == 8 * math.ceil(held / 8) + 4
+    for part in ("params", "grads", "activations"):
+        assert zero1.memory[part] == dp.memory[part]
+    # A reduce-scatter of the gradients and an all-gather of the parameters, in their dtypes:
+    # with both in float32, what the all-reduce sent.
+    sent = cost.reduce_scatter_bytes(held * 4, 8) + cost.all_gather_bytes(held * 2, 8)
+    if params == "float32":
+        sent += cost.all_gather_bytes(held * 2, 8)
+        assert zero1.comm["dp"] == pytest.approx(dp.comm["dp"])
+    assert zero1.comm["dp"] == pytest.approx(sent)
+    assert {c.op for c in zero1.collectives if c.kind == "dp"} == {
+        "reduce-scatter",
+        "all-gather",
+    }
+    assert zero1.comm["tp"] == dp.comm["tp"] and zero1.flops == dp.flops
+    # Without DP there is nothing to split.
+    assert _plan(tp=2, zero1=True).memory == _plan(tp=2).memory
+
+
 def test_tp_bytes_grow_with_the_batch_and_dp_bytes_do_not():
     a = sizing.plan(LLAMA_8B, dp=2, tp=4, global_batch=64, seq=2048)
     b = sizing.plan(LLAMA_8B, dp=2, tp=4, global_batch=128, seq=2048)
@@ -144,6 +170,7 @@ def test_hardware_has_sources():
         lambda: sizing.serve(LLAMA_8B, batch=8, context=64).links(b"H100"),
         lambda: sizing.plan(LLAMA_8B, tp=16, global_batch=8, seq=8),  # 8 K/V heads
         lambda: sizing.plan(LLAMA_8B, global_batch=8, seq=2**31 - 1),
+        lambda: sizing.plan(LLAMA_8B, dp=2, global_batch=8, seq=8, zero1="yes"),
     ],
 )
 def test_refusals_are_one_sentence(call):
