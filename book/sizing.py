@@ -469,10 +469,10 @@ def plan(
     - FSDP gathers each layer's weights once forward and once backward and reduces its
       gradients, per microbatch; ``gradient_reduce="all-reduce"`` counts an all-reduce where
       the textbook has a reduce-scatter (what XLA compiles for CPU devices);
-    - DP all-reduces every gradient a device holds once a step; ``zero1=True`` (ZeRO-1, chapter 16) splits
-      the optimizer's state over ``dp`` instead of copying it, so DP reduce-scatters the
-      gradients and all-gathers the updated parameters (the same bytes where
-      ``param_dtype`` and ``grad_dtype`` agree);
+    - DP all-reduces every gradient a device holds once a step; ``zero1=True`` (ZeRO-1,
+      chapter 16) splits the optimizer's state over ``dp`` instead of copying it, so DP
+      reduce-scatters the gradients and all-gathers the updated parameters (the same bytes
+      where ``param_dtype`` and ``grad_dtype`` agree);
     - TP all-reduces the residual stream four times per layer (twice forward, twice
       backward), a fifth time under full remat (the recomputed attention's output, which the
       recomputed MLP reads; with sequence parallelism the recomputation also gathers the
