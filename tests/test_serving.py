@@ -126,9 +126,10 @@ def test_checkers_accept_the_solutions_and_name_mistakes():
     rejected(exercises.ch20_largest_batch(batch + 1, per_chip), "more than an H100's")
     rejected(exercises.ch20_largest_batch(batch - 1, per_chip), "find the largest")
     rejected(exercises.ch20_largest_batch(batch, 2 * per_chip), "per_chip")
-    right = 2 * CFG.n_layers * cost.all_reduce_bytes(8 * CFG.d_model * 4, 8)
+    right = 2 * CFG.n_layers * cost.all_reduce_bytes(64 * CFG.d_model * 4, 8)
     assert exercises.ch20_tp_token_bytes(right).ok
     rejected(exercises.ch20_tp_token_bytes(2 * right), "training step's four")
+    rejected(exercises.ch20_tp_token_bytes(right / 8), "the chapter's batch of 8")
     rejected(exercises.ch20_tp_token_bytes(None), "Not answered yet")
 
 
