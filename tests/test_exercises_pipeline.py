@@ -120,7 +120,7 @@ def test_stage_work_accepts_the_rule_and_numpy_answers():
 def test_stage_work_names_the_usual_mistakes():
     rejected(exercises.ch14_stage_work(lambda t, s, p, m, v, n: ...), "Not answered yet")
     rejected(exercises.ch14_stage_work(None), "Not answered yet")
-    rejected(exercises.ch14_stage_work(lambda t, s, p, m, v: None), "six arguments")
+    rejected(exercises.ch14_stage_work(lambda t, s, p, m, v: None), "take (t, s, p, m, v, n_l")
 
     def group_for_microbatch(t, s, p, m, v, n):
         found = stage_work(t, s, p, m, v, n)

@@ -602,6 +602,9 @@ def function(fn, what: str, args: tuple, params: str) -> None:
     """
     answered(fn, f"define {what}{params} and pass it")
     need(callable(fn), f"Not answered yet: pass a function, not {validate.describe(fn)}.")
+    if isinstance(fn, type) or inspect.isbuiltin(fn):  # no line of its own to blame an error on
+        made = "the class" if isinstance(fn, type) else "the built-in"
+        raise Wrong(f"Pass a function of your own, {what}{params}, not {made} {fn.__name__}.")
     takes(fn, args, f"{what} should take {params}, as the exercise's cell defines it.")
 
 
@@ -668,7 +671,7 @@ def sizes(value, what: str, example: str = "(16, 8, 4)") -> tuple[int, ...]:
             value = np.asarray(value).tolist()
     if not isinstance(value, (tuple, list)):
         raise Wrong(f"{what} should be a tuple such as {example}, not {validate.describe(value)}.")
-    return validate.sizes(list(value), what, low=0, error=Wrong)
+    return validate.sizes(value, what, low=0, error=Wrong)
 
 
 def spec(value, what: str):
@@ -685,6 +688,7 @@ def spec(value, what: str):
 
 def pair(value, what: str, names: str) -> tuple:
     """Two things, as a function returns them: a tuple or list of length 2."""
+    value = validate.plain(value)
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         returned(value, what, f"two things, {names}")
     return tuple(value)

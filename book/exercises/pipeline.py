@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 
 from book import validate
-from book.exercises.core import Wrong, answered, checker, need, number, numbers, takes
+from book.exercises.core import Wrong, answered, checker, function, need, number, numbers
 
 # Exercise 14.1's problem: the chapter's text states these numbers.
 BUBBLE_PROBLEM = {"stages": 8, "target": Fraction(1, 10), "circular_groups": 4}
@@ -115,6 +115,7 @@ def _expected(t, s, p, m, v, n_layers):
 
 def _as_work(answer, where):
     """The reader's (microbatch, layers) as (int, list of ints), or a one-sentence refusal."""
+    answer = validate.plain(answer)
     need(
         isinstance(answer, (tuple, list)) and len(answer) == 2,
         f"{where} stage_work returns {type(answer).__name__}; return None or two things, "
@@ -134,16 +135,7 @@ def _as_work(answer, where):
 @checker
 def ch14_stage_work(stage_work):
     """Exercise 14.2: the microbatch and layers of stage s at step t, any p, m, v."""
-    need(
-        callable(stage_work),
-        f"Not answered yet: pass a function, not {validate.describe(stage_work)}.",
-    )
-    takes(
-        stage_work,
-        (0, 0, 1, 1, 1, 1),
-        "stage_work should take six arguments, (t, s, p, m, v, n_layers), as the exercise's "
-        "cell defines it.",
-    )
+    function(stage_work, "stage_work", (0, 0, 1, 1, 1, 1), "(t, s, p, m, v, n_layers)")
     checked = 0
     for p, m, v, n_layers in _SCHEDULES:
         case = f"p = {p}, m = {m}, v = {v}, {n_layers} layers"
