@@ -61,6 +61,13 @@ class LyingList(list):
         raise RuntimeError("iter")
 
 
+class NegativeLength(list):
+    """A list whose ``__len__`` says -1: ``len()`` itself raises, in no line of the reader's."""
+
+    def __len__(self):
+        return -1
+
+
 class LyingTuple(tuple):
     """A tuple whose length, iteration and indexing fail."""
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hostile_values import Unprintable, holding_itself
+from hostile_values import NegativeLength, Unprintable, holding_itself, lying
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
@@ -315,6 +315,43 @@ def test_a_library_function_that_fails_as_the_answer_is_refused_as_the_readers(n
 def test_a_right_answer_computed_with_jax_or_numpy_is_right(name, answers):
     verdict = getattr(exercises, name)(*answers)
     assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize("answer", [int, dict, len, sum], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name", ["ch01_chip_rows", "ch01_reversed_mesh", "ch14_stage_work"])
+def test_a_class_or_a_builtin_as_the_answer_is_refused_as_the_readers(name, answer):
+    """Neither has a line of its own, so what it raises was blamed on the checker."""
+    verdict = getattr(exercises, name)(answer)
+    judged_in_one_sentence(verdict)
+    assert not verdict.ok and answer.__name__ in verdict.message
+
+
+@pytest.mark.parametrize(
+    "name, answers",
+    [
+        ("ch02_predict", (lying("list", [16, 1, 4]), 1)),
+        (
+            "ch05_predict_all_to_all",
+            (lying("tuple", (8, 1)), ANSWERS["ch05_predict_all_to_all"][1]),
+        ),
+    ],
+)
+def test_a_shape_of_a_list_subclass_is_read_for_what_it_holds(name, answers):
+    verdict = getattr(exercises, name)(*answers)
+    assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize("name", ["ch14_stage_work", "ch15_capacity", "ch15_merge_normalized"])
+def test_a_pair_returned_as_a_list_subclass_is_read_for_what_it_holds(name):
+    verdict = getattr(exercises, name)(lambda *args: NegativeLength([8, 8]))
+    judged_in_one_sentence(verdict)
+    assert not verdict.ok
+
+
+def test_a_long_name_in_an_answer_is_not_quoted_whole():
+    verdict = exercises.ch04_predict_types(*ANSWERS["ch04_predict_types"][:3], {"x" * 10**6})
+    judged_in_one_sentence(verdict)
+    assert not verdict.ok
 
 
 # Chapters 19 and 20: answers that are not the reader's own functions, or numbers of 300 digits

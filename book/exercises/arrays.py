@@ -453,7 +453,10 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
     )
     moves_data = set(moves_data)
     unknown = moves_data - set(answers)
-    need(not unknown, f"moves_data names {sorted(unknown)}; use names from {sorted(answers)}.")
+    need(
+        not unknown,
+        f"moves_data names {validate.describe(sorted(unknown))}; use names from {sorted(answers)}.",
+    )
     cases = {
         "transposed": lambda x: x.T,
         "concatenated": lambda x: jnp.concatenate([x, x], axis=1),

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from book import validate
 from book.exercises.core import Wrong, answered, checker, function, line_mesh, need, number
 from book.exercises.core import shown as _shown
 
@@ -82,7 +83,7 @@ def ch15_capacity(route_with_capacity):
         choices = _routing(tokens, k, experts, seed)
         capacity = capacity_of(tokens, k, experts, factor)
         kept = kept_assignments(choices, experts, capacity)
-        answer = route_with_capacity(choices.copy(), experts, factor)
+        answer = validate.plain(route_with_capacity(choices.copy(), experts, factor))
         answered(answer, "route_with_capacity returns nothing yet; return (capacity, kept)")
         need(
             isinstance(answer, (tuple, list)) and len(answer) == 2,
@@ -196,7 +197,7 @@ def ch15_merge_normalized(merge_normalized):
             for cols in (slice(0, split), slice(split, keys))
         ]
         (o1, l1), (o2, l2) = [(o.astype(np.float32), lse.astype(np.float32)) for o, lse in parts]
-        answer = merge_normalized((o1, l1), (o2, l2))
+        answer = validate.plain(merge_normalized((o1, l1), (o2, l2)))
         answered(answer, "merge_normalized returns nothing yet; return (o, lse)")
         need(
             isinstance(answer, (tuple, list)) and len(answer) == 2,
