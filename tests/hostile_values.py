@@ -20,6 +20,16 @@ def nested(depth=10_000):
     return found
 
 
+def leaked_tracer():
+    """A value traced inside ``jax.jit`` and kept after it returned: it has no number to read."""
+    import jax
+    import jax.numpy as jnp
+
+    kept = []
+    jax.jit(lambda: kept.append(jnp.zeros(()) + 1) or 0)()
+    return kept[0]
+
+
 class Unprintable:
     """An object whose ``repr`` and ``str`` raise, as a broken user class might."""
 

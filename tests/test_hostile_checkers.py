@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hostile_values import NegativeLength, Unprintable, holding_itself, lying
+from hostile_values import NegativeLength, Unprintable, holding_itself, leaked_tracer, lying
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
@@ -318,7 +318,9 @@ def test_a_right_answer_computed_with_jax_or_numpy_is_right(name, answers):
 
 
 @pytest.mark.parametrize("answer", [int, dict, len, sum], ids=lambda f: f.__name__)
-@pytest.mark.parametrize("name", ["ch01_chip_rows", "ch01_reversed_mesh", "ch14_stage_work"])
+@pytest.mark.parametrize(
+    "name", ["ch01_chip_rows", "ch01_reversed_mesh", "ch14_stage_work", "ch18_tp_bytes"]
+)
 def test_a_class_or_a_builtin_as_the_answer_is_refused_as_the_readers(name, answer):
     """Neither has a line of its own, so what it raises was blamed on the checker."""
     verdict = getattr(exercises, name)(answer)
@@ -344,6 +346,13 @@ def test_a_shape_of_a_list_subclass_is_read_for_what_it_holds(name, answers):
 @pytest.mark.parametrize("name", ["ch14_stage_work", "ch15_capacity", "ch15_merge_normalized"])
 def test_a_pair_returned_as_a_list_subclass_is_read_for_what_it_holds(name):
     verdict = getattr(exercises, name)(lambda *args: NegativeLength([8, 8]))
+    judged_in_one_sentence(verdict)
+    assert not verdict.ok
+
+
+@pytest.mark.parametrize("result", [leaked_tracer, lambda: "x" * 10**6], ids=["tracer", "text"])
+def test_a_number_of_bytes_that_is_a_leaked_tracer_or_a_long_text_is_named(result):
+    verdict = exercises.ch18_tp_bytes(lambda *args: result())
     judged_in_one_sentence(verdict)
     assert not verdict.ok
 

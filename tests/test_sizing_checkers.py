@@ -33,7 +33,7 @@ def test_tp_bytes():
     assert exercises.ch18_tp_bytes(tp_bytes).ok
     rejected(exercises.ch18_tp_bytes(None), "Not answered yet")
     rejected(exercises.ch18_tp_bytes(lambda *args: None), "Not answered yet")
-    rejected(exercises.ch18_tp_bytes(42), "must be a function")
+    rejected(exercises.ch18_tp_bytes(42), "pass a function")
 
     def layers_only(model, tp, global_batch, seq):
         stream = global_batch * seq * model.d_model * 2
@@ -42,13 +42,13 @@ def test_tp_bytes():
     rejected(exercises.ch18_tp_bytes(layers_only), "the embedding and the unembedding")
     rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: 2 * tp_bytes(m, t, b, s)), "bfloat16")
     rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: 1 / 0), "ZeroDivisionError")
-    rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: "many"), "did not give a number")
+    rejected(exercises.ch18_tp_bytes(lambda m, t, b, s: "many"), "return a number of bytes")
 
 
 def test_tp_bytes_blames_the_readers_own_mistakes_on_the_readers_code():
     verdict = exercises.ch18_tp_bytes(lambda m: 1)
     assert verdict.judged
-    rejected(verdict, "should take four arguments")
+    rejected(verdict, "should take (model, tp, global_batch, seq)")
     verdict = exercises.ch18_tp_bytes(lambda m, t, b, s: m.no_such_field)
     assert verdict.judged
     rejected(verdict, "Your code raised AttributeError")

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
-from book.exercises.core import Wrong, answered, checker, need, takes, whole
+from book.exercises.core import (
+    Wrong,
+    answered,
+    checker,
+    function,
+    need,
+    number_returned,
+    whole,
+)
 
 # Exercise 18.1: Llama 3 8B on H100s, FSDP only, this batch.
 _FIT = {"global_batch": 256, "seq": 4096}
@@ -59,26 +65,16 @@ def ch18_tp_bytes(tp_bytes):
     """Exercise 18.2: the bytes each device sends over ``tp`` per step, without remat."""
     from book import sizing
 
-    answered(tp_bytes, "define tp_bytes(model, tp, global_batch, seq)")
-    need(callable(tp_bytes), "tp_bytes must be a function of (model, tp, global_batch, seq).")
     name, tp, batch, seq = _TP_CASES[0]
-    takes(
-        tp_bytes,
-        (sizing.PRESETS[name], tp, batch, seq),
-        "tp_bytes should take four arguments, (model, tp, global_batch, seq), as the "
-        "exercise's cell defines it.",
-    )
+    given = (sizing.PRESETS[name], tp, batch, seq)
+    function(tp_bytes, "tp_bytes", given, "(model, tp, global_batch, seq)")
     for name, tp, batch, seq in _TP_CASES:
         model = sizing.PRESETS[name]
         want = sizing.plan(model, tp=tp, global_batch=batch, seq=seq, remat="none").comm["tp"]
         got = tp_bytes(model, tp, batch, seq)
         answered(got, "tp_bytes returns None")
-        try:
-            got = float(got)
-        except (TypeError, ValueError, OverflowError) as err:
-            raise Wrong(f"tp_bytes({name}, tp={tp}, ...) did not give a number: {err}.") from err
+        got = number_returned(got, f"tp_bytes({name}, tp={tp}, ...)", "a number of bytes")
         stream = batch * seq * model.d_model * 2
-        need(math.isfinite(got), f"tp_bytes gave {got} for {name}; return a finite number.")
         if abs(got - want) > 1e-6 * want:
             hints = {
                 4 * model.layers * stream: "the all-reduces send 2(n-1)/n of the stream each",
