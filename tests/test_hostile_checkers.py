@@ -216,6 +216,14 @@ def test_processes_threads_folder_and_environment_an_answer_leaves_are_cleaned_u
     assert not thread.is_alive()
 
 
+def test_a_checker_that_writes_a_checkpoint_leaves_no_thread_of_its_own():
+    before = set(threading.enumerate())
+    verdict = exercises.ch16_restore_on(lambda path, mesh: None, ANSWERS["ch16_restore_on"][1])
+    assert verdict.judged and not verdict.ok
+    wait_for_no_checker_thread()
+    assert [t.name for t in set(threading.enumerate()) - before] == []  # orbax's metadata store
+
+
 def test_an_answer_that_never_returns_leaves_no_simulated_clock(short_limits):
     """ch12_timer installs a simulated clock; a timer stuck in a long native call keeps the
     check from finishing, and the clock must not outlive the verdict."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from book import validate
@@ -216,9 +218,9 @@ def ch16_restore_on(restore_on, layout):
     state = _saved_state(saving, layout)
     try:
         path = folder / "state"
-        checkpointer = ocp.StandardCheckpointer()
-        checkpointer.save(path, state)
-        checkpointer.wait_until_finished()
+        with contextlib.closing(ocp.StandardCheckpointer()) as checkpointer:  # and its threads
+            checkpointer.save(path, state)
+            checkpointer.wait_until_finished()
         out = restore_on(path, target)
         answered(out, "restore_on returns nothing yet; return the restored train state")
         need(
