@@ -7,7 +7,7 @@ notebooks/14_pipeline_parallelism.ipynb: edit the chapter, not this file.
 
 import numpy as np
 import jax
-import jax.numpy as jnp
+import jax.numpy as jnp  # noqa: F811 (the module's own import)
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from book.lessons import transformer
