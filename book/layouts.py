@@ -29,12 +29,35 @@ _EXAMPLES = {1: "8", 2: "4x2", 3: "2x2x2"}
 
 def mesh_axes(rules: dict) -> tuple[str, ...]:
     """The mesh axes a rules table names, in the order it first names them."""
+    rules = validate.plain_mapping(rules)
+    if not isinstance(rules, dict):
+        raise specs.SpecError(
+            f"The rules must be a dict from logical names to mesh axes, not "
+            f"{validate.describe(rules)}."
+        )
     axes = []
-    for value in rules.values():
-        for axis in (value,) if isinstance(value, str) else value or ():
+    for key, value in rules.items():
+        for axis in _axes(key, value):
             if axis not in axes:
                 axes.append(axis)
     return tuple(axes)
+
+
+def _axes(key, value) -> tuple[str, ...]:
+    """The mesh axes of one rule: an axis name, a tuple of them, or None for none."""
+    value = validate.plain(value)
+    axes = (value,) if isinstance(value, str) else value
+    if value is not None and not (isinstance(axes, tuple) and axes):
+        raise specs.SpecError(
+            f"The rule for {validate.describe(key)} is {validate.describe(value)}; give a mesh "
+            "axis name, a tuple of them or None."
+        )
+    axes = tuple(validate.name(a, "A mesh axis", error=specs.SpecError) for a in axes or ())
+    if len(set(axes)) < len(axes):
+        raise specs.SpecError(
+            f"The rule for {validate.describe(key)} names a mesh axis twice; name it once."
+        )
+    return axes
 
 
 @dataclass(frozen=True)
@@ -79,15 +102,7 @@ def _rules(rules) -> tuple[str, dict]:
                 f"{validate.describe(key)} is not a logical name of this model; use "
                 f"{', '.join(LOGICAL_NAMES[:-1])} or {LOGICAL_NAMES[-1]}."
             )
-        axes = (value,) if isinstance(value, str) else value
-        if value is not None and not (isinstance(axes, tuple) and axes):
-            raise specs.SpecError(
-                f"The rule for {key!r} is {validate.describe(value)}; give a mesh axis name, "
-                "a tuple of them or None."
-            )
-        axes = tuple(validate.name(a, "A mesh axis", error=specs.SpecError) for a in axes or ())
-        if len(set(axes)) < len(axes):
-            raise specs.SpecError(f"The rule for {key!r} names a mesh axis twice; name it once.")
+        axes = _axes(key, value)
         checked[key] = axes[0] if len(axes) == 1 else axes or None
     return "your rules", checked
 

@@ -4,8 +4,10 @@ import json
 import re
 
 import pytest
+from hostile_values import lying
 
 from book import forms, layouts
+from book.errors import ReaderError
 from book.forms import transformer
 from book.lessons import transformer as lesson
 
@@ -21,6 +23,17 @@ def test_each_table_is_offered_the_meshes_of_8_devices_with_its_axes():
     assert transformer.mesh_choices("DP") == ["8"]
     assert transformer.mesh_choices("FSDP x TP") == ["4x2", "2x4"]
     assert transformer.mesh_choices("DP x FSDP x TP") == ["2x2x2"]
+
+
+@pytest.mark.parametrize("rules", [8.0, "DP", {"batch": 8}, {"batch": ("data", "data")}])
+def test_mesh_axes_refuses_what_is_no_rules_table_in_one_sentence(rules):
+    with pytest.raises(ReaderError) as caught:
+        layouts.mesh_axes(rules)
+    assert "\n" not in str(caught.value) and str(caught.value).endswith(".")
+
+
+def test_mesh_axes_reads_a_dict_subclass_for_what_it_holds():
+    assert layouts.mesh_axes(lying("dict", {"batch": ("data", "fsdp")})) == ("data", "fsdp")
 
 
 @pytest.mark.parametrize(
