@@ -6,11 +6,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from book import exercises, models
+from book.errors import ReaderError
 
 
 def rejected(verdict, words):
@@ -371,6 +373,15 @@ def test_ch12_intensity_formula_is_what_xla_counts_on_cpu():
         a, b = jnp.ones((m, k), jnp.float32, device=cpu), jnp.ones((k, n), jnp.float32, device=cpu)
         counts = jax.jit(jnp.matmul).lower(a, b).compile().cost_analysis()
         assert counts["flops"] / counts["bytes accessed"] == exercises.matmul_intensity(m, k, n)
+
+
+def test_matmul_intensity_takes_whole_numbers_only():
+    assert exercises.matmul_intensity(np.uint8(200), 200, 200) == exercises.matmul_intensity(
+        200, 200, 200
+    )  # read as a Python integer: uint8 arithmetic would overflow
+    for bad in ("8", 8.5, None, np.int8(-1)):
+        with pytest.raises(ReaderError):
+            exercises.matmul_intensity(bad, 8, 8)
 
 
 def test_ch12_intensity():

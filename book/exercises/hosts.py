@@ -225,6 +225,10 @@ def matmul_intensity(m, k, n, itemsize=4) -> float:
     ``tests/test_exercise_checkers.py`` checks the two agree; the checker uses the formula, so
     it answers the same on every backend (a GPU's count can include a library's scratch space).
     """
+    m, k, n = (
+        validate.whole(v, name, error=validate.BadValue) for v, name in zip((m, k, n), "mkn")
+    )
+    itemsize = validate.whole(itemsize, "itemsize", high=16, example=4, error=validate.BadValue)
     return 2 * m * k * n / (itemsize * (m * k + k * n + m * n))
 
 
