@@ -593,7 +593,7 @@ def answered(answer, what):
 # kind of answer in one sentence that names what was given and what to give instead. --------
 
 
-def function(fn, what: str, args: tuple, params: str) -> None:
+def function(fn, what: str, args: tuple, params: str, *, classes: bool = False) -> None:
     """Refuse an answer that is not a function callable with ``args``.
 
     ``params`` writes the parameters as the exercise's cell does, such as ``(m, k, n)``. A
@@ -602,7 +602,8 @@ def function(fn, what: str, args: tuple, params: str) -> None:
     """
     answered(fn, f"define {what}{params} and pass it")
     need(callable(fn), f"Not answered yet: pass a function, not {validate.describe(fn)}.")
-    if isinstance(fn, type) or inspect.isbuiltin(fn):  # no line of its own to blame an error on
+    own = classes and isinstance(fn, type)  # a type is an answer where it converts
+    if not own and (isinstance(fn, type) or inspect.isbuiltin(fn)):  # no line to blame
         made = "the class" if isinstance(fn, type) else "the built-in"
         raise Wrong(f"Pass a function of your own, {what}{params}, not {made} {fn.__name__}.")
     takes(fn, args, f"{what} should take {params}, as the exercise's cell defines it.")

@@ -145,7 +145,7 @@ def ch17_as_rate(as_rate):
     step = jax.jit(update)
     w = jnp.ones(4, jnp.float32)
     types = {}
-    function(as_rate, "as_rate", (0.1,), "(value)")
+    function(as_rate, "as_rate", (0.1,), "(value)", classes=True)  # np.float32 converts
     for label, value in values.items():
         rate = as_rate(value)
         answered(rate, "as_rate returns nothing yet; return the rate to pass to the step")
