@@ -18,8 +18,10 @@ import threading
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 from nbmake.pytest_items import NotebookItem
 
 import book.devices
@@ -143,8 +145,16 @@ def stage_book(folder: Path, executed: list[Path]) -> None:
     for name in ("_static", "_ext"):
         shutil.copytree(ROOT / name, folder / name)
     (folder / "notebooks").mkdir()
-    for path in [*NOTEBOOKS.glob("*.md"), *executed]:
+    for path in NOTEBOOKS.glob("*.md"):
         shutil.copy(path, folder / "notebooks")
+    for path in executed:
+        # The kernel may send one print's text in pieces (its flush timer firing between the
+        # writes, under load); JupyterLab shows consecutive pieces as one block, and so does
+        # the book, joined by nbconvert's own preprocessor, where a page would otherwise split
+        # a printed line over two blocks.
+        nb = nbformat.read(path, as_version=4)
+        nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
+        nbformat.write(nb, folder / "notebooks" / path.name)
 
 
 @pytest.fixture(scope="session")
