@@ -3,11 +3,12 @@
 The committed notebooks keep the reader's cells as stubs; as written, each checker must say the
 exercise is not answered yet, never fail the chapter. Then each exercise cell is replaced by the
 solution folded below it (keeping the checking call), the chapter is executed a second
-time, and every checker must answer "Correct". These second runs belong to no xdist group, so
-they run beside the book build. They are nbclient runs rather than nbmake items: nbmake executes
-notebook files as they are collected, while each of these runs a notebook rewritten here and
-then reads the verdicts its cells showed; they take nbmake's cell timeout and kernel from the
-project's pytest options, so both runs of a chapter execute alike.
+time, and every checker must answer "Correct". A second run executes the setup and only the
+cells whose names the solutions read (tests/cell_slice.py). These runs belong to no xdist
+group, so they run beside the book build. They are nbclient runs rather than nbmake items:
+nbmake executes notebook files as they are collected, while each of these runs a notebook
+rewritten here and then reads the verdicts its cells showed; they take nbmake's cell timeout
+and kernel from the project's pytest options, so both runs of a chapter execute alike.
 """
 
 import re
@@ -16,6 +17,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import cell_slice
 from nbconventions import ROOT
 
 pytestmark = pytest.mark.slow
@@ -23,24 +25,6 @@ pytestmark = pytest.mark.slow
 # The worked solution folded under the exercise: <details> with the summary "Solution", which
 # the built book, JupyterLab, Colab and Kaggle all show folded.
 SOLUTION = re.compile(r"<details>\s*<summary>Solution</summary>\s*\n```python\n(.*?)```", re.S)
-
-
-# Chapters whose exercises use nothing the chapter computes: their second run executes only the
-# setup cell, the cell that imports book.exercises and the exercises, not the chapter's
-# compiles and training runs again (its nbmake item ran them). A solution that needed more
-# would fail here; the other chapters' solutions use the chapter's names.
-ALONE = {
-    "02_sharded_arrays",
-    "04_explicit_sharding",
-    "06_collective_matmul",
-    "10_sharded_data_loading",
-    "11_multi_controller",
-    "13_transformer_3d",
-    "14_pipeline_parallelism",
-    "15_experts_and_long_sequences",
-    "19_a_training_run",
-    "21_newer_forms",
-}
 
 
 def exercise_cells(nb):
@@ -121,12 +105,11 @@ def test_worked_solutions_pass_their_checkers(path, tmp_path, pytestconfig):
         listed = "".join(f"        {line.strip()},\n" for line in checks)
         check = CHECKED_AS_READERS_SET.format(settings=READERS_SETTINGS, checks=listed)
         nb.cells[i].source = f"import jax\n\n{solution}\n{check}"
-    if path.stem in ALONE:
-        code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-        importer = next(i for i in code if "import book.exercises" in nb.cells[i].source)
-        keep = {code[0], importer, *(i for i, _ in cells)}
-        for i in set(code) - keep:
-            nb.cells[i].source = ""
+    code = {i: c.source for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    importer = next(i for i in code if "import book.exercises" in code[i])
+    keep = cell_slice.needed(code, [i for i, _ in cells], always=[min(code), importer])
+    for i in set(code) - keep:
+        nb.cells[i].source = ""  # ran in the chapter's own nbmake item
     NotebookClient(
         nb,
         timeout=pytestconfig.getoption("nbmake_timeout"),
