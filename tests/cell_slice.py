@@ -7,10 +7,12 @@ name from a cell left out would fail with a NameError, never pass by accident.
 """
 
 import ast
+import re
 
 from IPython.core.inputtransformer2 import TransformerManager
 
 _IPYTHON = TransformerManager()  # turns %magics and !commands into Python
+FILE_NAME = re.compile(r"[\w./-]+\.\w+")  # a string that may name a file: train.py
 
 
 class _Names(ast.NodeVisitor):
@@ -25,8 +27,8 @@ class _Names(ast.NodeVisitor):
             self.reads.add(name)
 
     def visit_Constant(self, node):
-        if isinstance(node.value, str):  # perhaps the name of a file a cell writes
-            self.read(node.value)
+        if isinstance(node.value, str) and FILE_NAME.fullmatch(node.value):
+            self.read(node.value)  # perhaps a file a %%writefile cell writes
 
     def visit_Name(self, node):
         if isinstance(node.ctx, ast.Load):
@@ -64,6 +66,7 @@ class _Names(ast.NodeVisitor):
 
     def visit_Import(self, node):
         for alias in node.names:
+            self.read(f"{alias.name.split('.')[0]}.py")  # a module a cell may have written
             self.bound.add(alias.asname or alias.name.split(".")[0])
 
     visit_ImportFrom = visit_Import

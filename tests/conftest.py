@@ -39,6 +39,11 @@ FORM_PAGES = (
     "20_serving",
 )
 
+# The tests compile hundreds of small programs only to read them or run a few steps, where
+# LLVM's optimization passes add nothing but time; the chapters' own kernels start without
+# this flag (NotebookCopies), as a reader's do.
+READERS_XLA_FLAGS = os.environ.get("XLA_FLAGS")
+os.environ["XLA_FLAGS"] = f"{READERS_XLA_FLAGS or ''} --xla_backend_optimization_level=0".strip()
 book.devices.setup(8)
 
 
@@ -102,6 +107,18 @@ class NotebookCopies:
             self.copy(stem).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(self.sources[stem], self.copy(stem))
             item.filename = str(self.copy(stem))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        if not isinstance(item, NotebookItem):
+            return (yield)
+        quick = os.environ.pop("XLA_FLAGS")  # the kernel starts with the reader's flags
+        if READERS_XLA_FLAGS is not None:
+            os.environ["XLA_FLAGS"] = READERS_XLA_FLAGS
+        try:
+            return (yield)
+        finally:
+            os.environ["XLA_FLAGS"] = quick
 
     def pytest_runtest_teardown(self, item):
         if isinstance(item, NotebookItem):

@@ -123,7 +123,9 @@ def test_plain_accumulation_reduces_the_gradients_in_every_microbatch():
     )
     by_rows = NamedSharding(mesh, P(None, "data"))
     tokens = jax.ShapeDtypeStruct((4, 8, 17), jnp.int32, sharding=by_rows)  # 4 microbatches
-    text = jax.jit(accumulate, out_shardings=shardings).lower(params, tokens).compile(QUICK).as_text()
+    text = (
+        jax.jit(accumulate, out_shardings=shardings).lower(params, tokens).compile(QUICK).as_text()
+    )
     entry = re.search(r"^ENTRY %?(\S+)", text, re.M).group(1)
     reductions = [r for r in book.hlo.collectives(text) if r.op == "all-reduce"]
     assert reductions and all(r.computation != entry for r in reductions)
