@@ -29,7 +29,7 @@ class SizingError(ReaderError, ValueError):
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 OPTIMIZER_MOMENTS = {"adamw": 2, "sgd": 0}
-REMAT = ("full", "none")
+REMAT = ("full", "minimal", "none")
 # Pipeline schedules: the same steps and bubble, different microbatches in flight.
 SCHEDULES = ("gpipe", "1f1b")
 GRADIENT_REDUCE = ("reduce-scatter", "all-reduce")
@@ -459,10 +459,13 @@ def plan(
     - ``global_batch`` sequences of ``seq`` tokens per step, split over ``dp x fsdp`` and run
       as ``microbatches`` (gradient accumulation, or the pipeline's microbatches);
     - ``remat="full"`` keeps each layer's input for the backward pass and recomputes the rest
-      (a forward pass more of FLOPs); ``"none"`` keeps everything the backward pass reads, as
-      JAX differentiates chapter 13's block (a gated MLP is counted like its GELU MLP, an
-      estimate); both keep, outside the layers, four arrays of the residual stream and the
-      logits;
+      (a forward pass more of FLOPs); ``"minimal"`` (MaxText's name; JAX's
+      ``dots_with_no_batch_dims_saveable``) also keeps the outputs of the matrix products
+      with weights that the backward pass reads, and recomputes the attention's scores,
+      softmax and context and the elementwise work (the attention's forward FLOPs again);
+      ``"none"`` keeps everything the backward pass reads, as JAX differentiates chapter
+      13's block (a gated MLP is counted like its GELU MLP, an estimate); each keeps,
+      outside the layers, four arrays of the residual stream and the logits;
     - ``sequence_parallel`` splits the residual stream between sublayers by its sequence over
       ``tp`` (chapter 13): the layers' inputs and the stream outside the layers are kept split,
       and TP's all-reduces become all-gathers and reduce-scatters of the same bytes;
@@ -635,9 +638,9 @@ def plan(
     matmul_params = param_count(model) - model.vocab * model.d_model  # the lookup is free
     attention = 6 * model.layers * model.heads * model.head_dim * seq * all_tokens
     model_flops = 6 * matmul_params * all_tokens + attention  # causal: half the scores
-    recompute = (2 * matmul_params * all_tokens + attention / 3) if remat == "full" else 0
+    recompute = {"full": 2 * matmul_params * all_tokens + attention / 3, "minimal": attention / 3}
     bubble = (microbatches + layout["pp"] - 1) / microbatches
-    flops = {"model": model_flops, "hardware": (model_flops + recompute) * bubble}
+    flops = {"model": model_flops, "hardware": (model_flops + recompute.get(remat, 0)) * bubble}
     return Plan(
         model, layout, global_batch, seq, conventions, memory, comm, tuple(collectives), flops
     )
@@ -647,7 +650,9 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     """Bytes one device keeps from the forward pass for the backward pass.
 
     Per layer under full remat, the layer's input (the residual stream, whole on every TP
-    device, or split by sequence parallelism). Without remat, what JAX keeps from chapter
+    device, or split by sequence parallelism). Under minimal remat, per token, the layer's
+    input and the attention's output projection (arrays of the stream), Q, K and V, and the
+    MLP's hidden units before the activation. Without remat, what JAX keeps from chapter
     13's block, per token: six arrays of the stream and four numbers of its norms, Q and the
     attention's context (heads), K and V, the attention's scores and weights (``heads x
     seq``, split by TP) and two statistics per head, and five arrays of the MLP's hidden
@@ -662,6 +667,8 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     heads = kv * (m.heads // m.kv_heads)  # TP splits the heads by K/V groups
     if remat == "full":
         per_token = stream * act
+    elif remat == "minimal":
+        per_token = (2 * d + heads * dh + 2 * kv * dh + ff) * act
     else:
         attention = 2 * heads * dh + 2 * kv * dh + 2 * heads * seq + 2 * heads
         per_token = (6 * d + 4 + attention + 5 * ff) * act

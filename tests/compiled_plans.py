@@ -92,7 +92,11 @@ def measure(cfg, layout, tokens, targets):
     communication includes what recomputing the forward pass sends.
     """
     params = init_params(cfg)
-    policy = {"full": jax.checkpoint_policies.nothing_saveable, "none": None}
+    policy = {
+        "full": jax.checkpoint_policies.nothing_saveable,
+        "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        "none": None,
+    }
     step = make_step(cfg, layout, policy["full"]).lower(params, tokens, targets)
     step = step.compile(FAST)
     sent, loops = sent_by_kind(step, layout.mesh)
@@ -160,14 +164,14 @@ def activation_slack(cfg, batch, seq, local_tokens, remat, tp=1):
 def check_layout(cfg, name, mesh_shape, tokens, targets):
     """Compile chapter 13's layout and plan it: equal where they must be, else bounded.
 
-    Returns the degrees, what was measured, and the plans with full remat and without.
+    Returns the degrees, what was measured, and the plans under each remat policy.
     """
     batch, seq = tokens.shape
     layout, degrees = layout_for(name, mesh_shape)
     got = measure(cfg, layout, tokens, targets)
     plans = {
         remat: planned(cfg, degrees, batch, seq, remat, got["gradient_reduce"])
-        for remat in ("full", "none")
+        for remat in sizing.REMAT
     }
     local = batch // (degrees.get("dp", 1) * degrees.get("fsdp", 1)) * seq
     for part in ("params", "grads", "optimizer"):  # the state: byte for byte

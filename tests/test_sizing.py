@@ -122,10 +122,17 @@ def test_1f1b_keeps_at_most_pp_microbatches_and_sends_as_gpipe(m, p):
     )
 
 
-def test_remat_full_keeps_less_than_none():
-    full, none = _plan(remat="full"), _plan(remat="none")
-    assert full.memory["activations"] < none.memory["activations"]
+def test_remat_trades_memory_for_recomputed_flops():
+    full, minimal, none = (_plan(remat=r) for r in ("full", "minimal", "none"))
+    kept = [p.memory["activations"] for p in (full, minimal, none)]
+    assert kept == sorted(kept) and len(set(kept)) == 3
     assert full.memory["total"] == sum(v for k, v in full.memory.items() if k != "total")
+    # Minimal remat recomputes the attention's two products forward: a third of their FLOPs.
+    m, seq, tokens = LLAMA_8B, minimal.seq, minimal.global_batch * minimal.seq
+    scores = 6 * m.layers * m.heads * m.head_dim * seq * tokens
+    assert minimal.flops["hardware"] == pytest.approx(none.flops["hardware"] + scores / 3)
+    assert full.flops["hardware"] > minimal.flops["hardware"] > none.flops["model"]
+    assert none.flops["hardware"] == none.flops["model"]
 
 
 def test_seconds_bound_and_links():
