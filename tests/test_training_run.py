@@ -60,6 +60,7 @@ def train(train_py, monkeypatch):
         ["--dump", "train.py/dump"],  # under a file: no folder can be made there
         ["--log-dir", ""],  # no name: not the folder train.py was started in
         ["--log-dir", "x/" + "y" * 300],  # a name too long, under a folder it would make
+        ["--checkpoint-dir", "c\udcff"],  # a name not in UTF-8, which orbax cannot write
     ],
 )
 def test_a_refused_flag_leaves_no_folder_behind(train, tmp_path, monkeypatch, capsys, bad):
