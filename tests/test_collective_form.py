@@ -110,6 +110,16 @@ def test_bad_choices_give_one_sentence(args, options, sentence):
     assert "<b>device" not in page
 
 
+def test_an_axis_name_whose_own_comparisons_fail_is_read_as_its_text():
+    from hostile_values import lying
+
+    page = forms.render_collective("psum", "(8,)", lying("text", "data"), block_shape="(2,)")
+    assert error_of(page) is None
+    assert "is not in the mesh" in error_of(
+        forms.render_collective("psum", "(8,)", lying("text", "model"))
+    )
+
+
 def test_the_data_movement_diagram_is_drawn():
     if shutil.which("dot") is None:
         pytest.skip("Graphviz's dot is not installed, so the diagram is text")

@@ -152,6 +152,8 @@ def check_collective(
         axis_names = DEFAULT_NAMES.get(len(sizes), ", ".join(f"a{k}" for k in range(len(sizes))))
     names = specs.parse_axis_names(axis_names)
     specs.check_mesh(sizes, names, jax.device_count())
+    if isinstance(axis, str):
+        axis = str.__str__(axis)  # the text itself, whatever a subclass redefines
     if not isinstance(axis, str) or axis not in names:
         raise specs.SpecError(
             f"Axis {validate.describe(axis)} is not in the mesh, whose axes are "
