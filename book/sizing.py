@@ -652,7 +652,8 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     Per layer under full remat, the layer's input (the residual stream, whole on every TP
     device, or split by sequence parallelism). Under minimal remat, per token, the layer's
     input and the attention's output projection (arrays of the stream), Q, K and V, and the
-    MLP's hidden units before the activation. Without remat, what JAX keeps from chapter
+    MLP's hidden units before the activation (twice for a gated MLP: the gate and the up
+    projection). Without remat, what JAX keeps from chapter
     13's block, per token: six arrays of the stream and four numbers of its norms, Q and the
     attention's context (heads), K and V, the attention's scores and weights (``heads x
     seq``, split by TP) and two statistics per head, and five arrays of the MLP's hidden
@@ -667,8 +668,8 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     heads = kv * (m.heads // m.kv_heads)  # TP splits the heads by K/V groups
     if remat == "full":
         per_token = stream * act
-    elif remat == "minimal":
-        per_token = (2 * d + heads * dh + 2 * kv * dh + ff) * act
+    elif remat == "minimal":  # a gated MLP keeps both input products, gate and up
+        per_token = (2 * d + heads * dh + 2 * kv * dh + (2 if m.gated else 1) * ff) * act
     else:
         attention = 2 * heads * dh + 2 * kv * dh + 2 * heads * seq + 2 * heads
         per_token = (6 * d + 4 + attention + 5 * ff) * act

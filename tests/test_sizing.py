@@ -1,5 +1,6 @@
 """book.sizing: published parameter counts, the formulas' scaling, time bounds and refusals."""
 
+import dataclasses
 import math
 
 import pytest
@@ -133,6 +134,11 @@ def test_remat_trades_memory_for_recomputed_flops():
     assert minimal.flops["hardware"] == pytest.approx(none.flops["hardware"] + scores / 3)
     assert full.flops["hardware"] > minimal.flops["hardware"] > none.flops["model"]
     assert none.flops["hardware"] == none.flops["model"]
+    # A gated MLP keeps both input products, gate and up; a GELU MLP its one (bfloat16).
+    plain = dataclasses.replace(m, gated=False)
+    kept_plain = sizing.plan(plain, remat="minimal", global_batch=64, seq=4096).memory
+    extra = m.layers * tokens * m.d_ff * 2
+    assert minimal.memory["activations"] - kept_plain["activations"] == extra
 
 
 def test_seconds_bound_and_links():
