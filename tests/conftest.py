@@ -98,7 +98,11 @@ class NotebookCopies:
         # The notebooks first, the last chapter first: with xdist's --no-loadscope-reorder both
         # workers execute chapters before one of them builds the book, and the chapter it may
         # wait for on the other worker is one of the first, the shortest.
-        items[:] = notebooks[::-1] + [item for item in items if item not in notebooks]
+        # Before them, the few tests marked early: they start what takes long to end (a Slurm
+        # job that must run out its time limit) and leave its ending to a later test.
+        early = [item for item in items if item.get_closest_marker("early")]
+        rest = [item for item in items if item not in notebooks and item not in early]
+        items[:] = early + notebooks[::-1] + rest
 
     def pytest_runtest_setup(self, item):
         if isinstance(item, NotebookItem):
@@ -127,6 +131,12 @@ class NotebookCopies:
 
 def pytest_configure(config):
     config.pluginmanager.register(NotebookCopies(config), "notebook-copies")
+
+
+@pytest.fixture(scope="session")
+def run_folder(pytestconfig) -> Path:
+    """A folder of this run that every xdist worker shares: the run's temporary folder."""
+    return pytestconfig.pluginmanager.get_plugin("notebook-copies").folder.parent
 
 
 @pytest.fixture(scope="session")

@@ -333,43 +333,74 @@ cluster = pytest.mark.skipif(
 )
 
 
-@pytest.mark.slow
-@cluster
-def test_on_slurm_jax_defaults_wait_for_gloo_and_a_hung_job_for_its_time_limit(tmp_path):
-    """What chapter 11 says but cannot wait for: under JAX's defaults a task that raises ends
-    its job only when gloo gives up on the collective the others wait in (about 30 s), and a
-    deadlocked job ends at its --time, which Slurm counts in whole minutes and checks every so
-    often. Both run at once, each under a job name of its own, and are cancelled if they
-    outlive the test."""
-    files = written_files()
-    for name in ("broken_worker.py", "stuck_worker.py"):
-        (tmp_path / name).write_text(files[name])
-    cpu = "JAX_PLATFORMS=cpu,JAX_NUM_CPU_DEVICES=4,JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"
-    tag = f"ch11-test-{os.getpid()}"
+CPU_GLOO = "JAX_PLATFORMS=cpu,JAX_NUM_CPU_DEVICES=4,JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"
+
+
+def submit_deadlock(folder: Path) -> int:
+    """Submit chapter 11's deadlocked job from folder: two tasks of stuck_worker.py, which
+    wait in an all-gather one of them never joins, under a one-minute --time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "stuck_worker.py").write_text(written_files()["stuck_worker.py"])
     # stuck_worker.py reads its rank from JAX_* variables, as launch sets them: pass srun's.
-    hang = tmp_path / "hang.sbatch"
+    hang = folder / "hang.sbatch"
     hang.write_text(
         "#!/bin/bash\n"
-        f"#SBATCH --job-name={tag}-hang\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+        "#SBATCH --job-name=ch11-test-hang\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
         "#SBATCH --time=0:10\n#SBATCH --output=%x-%j.out\n"
-        f"export {cpu.replace(',', ' ')} JAX_NUM_PROCESSES=2\n"
+        f"export {CPU_GLOO.replace(',', ' ')} JAX_NUM_PROCESSES=2\n"
         f"export JAX_COORDINATOR_ADDRESS=127.0.0.1:{book.multihost.free_port()}\n"
         "srun --label bash -c 'JAX_PROCESS_ID=$SLURM_PROCID exec \"$0\" stuck_worker.py' "
         f"{sys.executable}\n"
     )
-    command = ["srun", f"--job-name={tag}-fail", "--nodes=2", "--ntasks-per-node=1"]
-    command += ["--time=2", "--label", "--kill-on-bad-exit=1", f"--export=ALL,{cpu}"]
+    out = book.slurm.run(["sbatch", "--parsable", f"--chdir={folder}", str(hang)])
+    return int(out.split(";")[0])
+
+
+@pytest.mark.slow
+@pytest.mark.early
+@cluster
+def test_a_deadlocked_job_is_submitted_before_the_chapters(run_folder):
+    """The deadlocked job's minute passes while the chapters run (conftest runs this first);
+    the test below reads how it ended."""
+    job_id = submit_deadlock(run_folder / "deadlock")
+    assert book.slurm.job(job_id)["JobState"] not in {"FAILED", "CANCELLED", "NODE_FAIL"}
+    (run_folder / "deadlock" / "job").write_text(str(job_id))
+
+
+def early_deadlock(run_folder: Path) -> int | None:
+    """The deadlocked job submitted at the start of this run, while Slurm keeps its record."""
+    try:
+        job_id = int((run_folder / "deadlock" / "job").read_text())
+        return job_id if book.slurm.job(job_id).get("JobState") else None
+    except (OSError, book.slurm.SlurmError):
+        return None
+
+
+@pytest.mark.slow
+@cluster
+def test_on_slurm_jax_defaults_wait_for_gloo_and_a_hung_job_for_its_time_limit(
+    tmp_path, run_folder
+):
+    """What chapter 11 says but cannot wait for: under JAX's defaults a task that raises ends
+    its job only when gloo gives up on the collective the others wait in (about 30 s), and a
+    deadlocked job ends at its --time, which Slurm counts in whole minutes and checks every so
+    often. The deadlocked job is the one submitted at the start of the run, or, where that
+    one is not on record, one submitted now, beside the failing one; both are cancelled if
+    they outlive the test."""
+    (tmp_path / "broken_worker.py").write_text(written_files()["broken_worker.py"])
+    command = ["srun", f"--job-name=ch11-test-{os.getpid()}-fail", "--nodes=2"]
+    command += ["--ntasks-per-node=1", "--time=2", "--label", "--kill-on-bad-exit=1"]
     failing = subprocess.Popen(
-        [*command, sys.executable, "broken_worker.py"],
+        [*command, f"--export=ALL,{CPU_GLOO}", sys.executable, "broken_worker.py"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    hang_id = None
+    hang_id, folder = early_deadlock(run_folder), run_folder / "deadlock"
     try:
-        out = book.slurm.run(["sbatch", "--parsable", f"--chdir={tmp_path}", str(hang)])
-        hang_id = int(out.split(";")[0])
+        if hang_id is None:  # run alone, or the early job's record is gone
+            hang_id, folder = submit_deadlock(tmp_path / "deadlock"), tmp_path / "deadlock"
         log = failing.communicate(timeout=120)[0]
         ended = time.time()
         raised = float(re.search(r"fails at: ([\d.]+)", log).group(1))
@@ -384,7 +415,7 @@ def test_on_slurm_jax_defaults_wait_for_gloo_and_a_hung_job_for_its_time_limit(t
             for k in ("StartTime", "EndTime")
         )
         assert 60 <= end - start <= 120, facts
-        output = (tmp_path / f"{tag}-hang-{hang_id}.out").read_text()
+        output = (folder / f"ch11-test-hang-{hang_id}.out").read_text()
         assert "gathering x (an all-gather)" in output and "TIME LIMIT" in output
     finally:
         failing.kill()
