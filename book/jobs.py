@@ -38,9 +38,20 @@ class SlurmJob:
     submission when its process was gone) on the clock of ``time.monotonic``.
     """
 
-    def __init__(self, job_id: int, script: str, num_tasks: int, output: Path, timeout: float):
+    def __init__(
+        self,
+        job_id: int,
+        script: str,
+        num_tasks: int,
+        output: Path,
+        timeout: float,
+        submitted: float = 0.0,
+    ):
         self.id, self.script, self.num_tasks, self.output_file = job_id, script, num_tasks, output
         self.timeout = timeout
+        # time.time() when sbatch was run: a file of this job's name written before then is
+        # an earlier job's, one that had the same id before the cluster was started again.
+        self.submitted = submitted
         self.started = time.monotonic()
         self.deadline = self.started + timeout
         self.ended: dict[int, float] = {}
@@ -55,21 +66,25 @@ class SlurmJob:
         if not self.facts:
             slurm.cancel(self.id)
 
-    def text(self) -> str:
+    def _read(self, path: Path) -> str:
+        """A file this job wrote, or "" while it has not (an earlier job's, a second or
+        more older than the submission, counts as not written)."""
         try:
-            return self.output_file.read_text(errors="replace")
+            if path.stat().st_mtime < self.submitted - 1:
+                return ""
+            return path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def text(self) -> str:
+        return self._read(self.output_file)
 
     def errors(self, process: int) -> str:
         """What task ``process`` wrote to stderr, where the batch script gave each task a file
         ``<anything>-<job id>-<task>.err`` beside the job's output (``srun --error``)."""
         process = self._index(process)
         found = sorted(self.output_file.parent.glob(f"*-{self.id}-{process}.err"))
-        try:
-            return found[0].read_text(errors="replace") if found else ""
-        except OSError:
-            return ""
+        return self._read(found[0]) if found else ""
 
     def _log(self, process: int) -> str:
         """For a message: the task's errors, or the job's output when it wrote none."""
@@ -286,7 +301,8 @@ def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=Non
     name = Path(batch_script).stem
     command = ["sbatch", "--parsable", f"--job-name={name}", f"--output={name}-%j.out"]
     command += [f"--export=ALL{',' + exports if exports else ''}", batch_script, *args]
+    submitted = time.time()
     job_id = int(slurm.run(command).strip().split(";")[0])
     output = Path(f"{name}-{job_id}.out").resolve()
-    job = SlurmJob(job_id, Path(str(script)).name, num_tasks, output, timeout)
+    job = SlurmJob(job_id, Path(str(script)).name, num_tasks, output, timeout, submitted)
     return job, shlex.join(command)

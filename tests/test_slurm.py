@@ -152,3 +152,16 @@ def test_a_watched_job_asks_scontrol_once_a_second_while_its_tasks_run(monkeypat
     assert not any(job._over() for _ in range(20)) and len(asked) == 1
     job.ended[0] = 1.0  # once every task is gone, the job's end is asked for at each poll
     assert not any(job._over() for _ in range(3)) and len(asked) == 4
+
+
+def test_a_job_reads_no_file_an_earlier_job_of_its_id_left(tmp_path):
+    # Job ids start again with the cluster: a job's output name may already hold an earlier
+    # job's lines, which it must not take for its own (a wait for "step 10" would match them).
+    out, err = tmp_path / "train_job-9.out", tmp_path / "train_job-9-0.err"
+    for path, line in ((out, "0: step 10 | loss 1.0\n"), (err, "an old error\n")):
+        path.write_text(line)
+        os.utime(path, (time.time() - 3600,) * 2)
+    job = book.jobs.SlurmJob(9, "train.py", 2, out, timeout=60, submitted=time.time())
+    assert job.text() == "" and job.errors(0) == "" and job.outputs() == ["", ""]
+    out.write_text("0: process 0 of 2: from step 5\n")  # the job's own, written now
+    assert job.output(0) == "process 0 of 2: from step 5\n"
