@@ -13,7 +13,7 @@ ifneq ($(wildcard $(CLUSTER_DIR)/slurm.conf),)
 export SLURM_CONF := $(CLUSTER_DIR)/slurm.conf
 endif
 
-.PHONY: cluster cluster-down book test test-floor test-colab bench serve lab lint clean check-dot
+.PHONY: cluster cluster-down book test test-floor test-colab bench bench-gpu serve lab lint clean check-dot
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.12 is needed: install it (python.org, 'apt-get install python3.12', 'pyenv install 3.12') or run 'make PYTHON=/path/to/python3.12'."; exit 1; }
@@ -46,6 +46,12 @@ test-colab: $(STAMP) check-dot
 
 bench: $(STAMP) check-dot
 	$(BIN)/python benchmarks/bench.py --out BENCHMARKS.md
+
+# One accelerator's numbers for chapters 12, 17 and 18, into book/measurements/ (see
+# benchmarks/bench_gpu.py). On a machine whose Python already has a CUDA or TPU jax and no
+# network: make bench-gpu PY=python3. DRY=1: the same code on the CPU at tiny sizes.
+bench-gpu: $(if $(PY),,$(STAMP))
+	$(or $(PY),$(BIN)/python) benchmarks/bench_gpu.py $(if $(DRY),--dry,--keep book/measurements)
 
 serve: book
 	$(BIN)/python -m http.server --directory _build/html 8000

@@ -13,10 +13,13 @@ thread (``tid``). XLA's CPU runtime marks each instruction of a compiled program
 the arguments ``hlo_op`` (the instruction's name, as in ``compiled.as_text()``),
 ``hlo_module`` (the program), ``device_ordinal`` and ``run_id`` (one execution of the program,
 the same on every device). ``jax.profiler.StepTraceAnnotation(name, step_num=n)`` adds an event
-called ``name`` with the argument ``step_num``. The XProf trace viewer puts an accelerator's
-own activity on a process per device (``/device:TPU:0``, ``/device:GPU:0``) with the
-instructions on a thread called ``XLA Ops``; those are read as a fallback when an event has no
-``device_ordinal``, a path the book has not run on real accelerators.
+called ``name`` with the argument ``step_num``. An accelerator's own activity is on a process
+per device (``/device:GPU:0``, ``/device:TPU:0``). On an H100 with jax 0.11.2 (the book's
+stored GPU measurement, benchmarks/gpu_trace.json.gz) each event there is one kernel, on a
+thread per CUDA stream, named after the kernel and carrying ``hlo_module`` and ``hlo_op``
+(the instruction that launched it, often a ``command_buffer``: XLA replays a run of kernels
+as one CUDA graph) but no ``device_ordinal`` or ``run_id``: the device is read from the
+process's name. The XProf viewer's thread of instructions, ``XLA Ops``, is read likewise.
 
 Everything here returns plain data; ``book.display.timeline`` draws it.
 """
@@ -51,6 +54,8 @@ class Op:
 
     ``start`` and ``duration`` are in microseconds, ``start`` from the beginning of the trace.
     ``run`` tells executions of the program apart (the same on every device for one call).
+    ``kernel`` is the event's own name where it differs from the instruction's: on a GPU, the
+    kernel the instruction launched (a fusion's name, or a library's, such as cuBLAS's).
     """
 
     device: int
@@ -59,6 +64,7 @@ class Op:
     start: float
     duration: float
     run: str = ""
+    kernel: str = ""
 
     @property
     def end(self) -> float:
@@ -253,7 +259,7 @@ def _device(index, event, args, processes, threads) -> int | None:
         return _whole(index, "device_ordinal", args["device_ordinal"], validate.MAX_DEVICES - 1)
     on_device = _DEVICE_PROCESS.match(processes.get(event.get("pid"), ""))
     thread = threads.get((event.get("pid"), event.get("tid")), "")
-    if on_device and thread == _OPS_THREAD:
+    if on_device and ("hlo_op" in args or thread == _OPS_THREAD):
         return int(on_device.group(1))
     return None
 
@@ -287,9 +293,11 @@ def read(path) -> Trace:
             continue
         start, duration = _time(index, e, "ts"), _time(index, e, "dur")
         if device is not None:
-            name = str(args.get("hlo_op", e.get("name", "")))
-            program = str(args.get("hlo_module", ""))
-            ops.append(Op(device, name, program, start, duration, str(args.get("run_id", ""))))
+            own = str(e.get("name", ""))
+            name = str(args.get("hlo_op", own))
+            program, run = str(args.get("hlo_module", "")), str(args.get("run_id", ""))
+            kernel = own if own != name else ""
+            ops.append(Op(device, name, program, start, duration, run, kernel))
         else:
             number = _whole(index, "step_num", args["step_num"], validate.MAX_SIZE)
             steps.append(Step(str(e.get("name", "")), number, start, duration))

@@ -1,0 +1,134 @@
+"""What one real GPU measured, stored with its provenance: chapters 12, 17 and 18 read it.
+
+The chapters run on whatever devices the reader has, mock CPU devices mostly; what only an
+accelerator can show (a matrix product near the chip's peak, HBM bandwidth, a training step's
+MFU, its kernels) was measured once by ``benchmarks/bench_gpu.py`` and stored in
+``measurements/gpu.json``, with the profiled step's trace beside it. Nothing here measures:
+the book's build reads the stored numbers and says where and when they were taken.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from book import cost, sizing
+
+FOLDER = Path(__file__).parent / "measurements"
+RESULTS, TRACE = FOLDER / "gpu.json", FOLDER / "gpu_trace.json.gz"
+# Kernels whose names mark them as matrix products: cuBLAS's (nvjet_*, on Hopper with CUDA
+# 12.8 and later; *gemm* before) and XLA's own Triton GEMM fusions (gemm_fusion_dot*).
+MATMUL_KERNELS = ("nvjet", "gemm", "cutlass")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The stored results of one run of ``benchmarks/bench_gpu.py`` on an accelerator."""
+
+    data: dict
+
+    @property
+    def device(self) -> str:
+        return self.data["kernels"]["device_kind"]
+
+    @property
+    def provenance(self) -> str:
+        """Where, when and with what the numbers were measured, in one line."""
+        m = self.data["machine"]
+        smi = m.get("nvidia_smi") or ""
+        driver = f", driver {smi.split(', ')[1]}" if smi.count(", ") >= 1 else ""
+        return (
+            f"Measured on one {self.device}{driver}, jax {m['jax']}, {m['date']}, by "
+            "benchmarks/bench_gpu.py; stored, not re-run by this page."
+        )
+
+    @property
+    def hardware(self) -> sizing.Hardware:
+        """book.sizing's published figures for this chip."""
+        return sizing.HARDWARE[self.data["machine"]["peaks"]["chip"]]
+
+    def matmuls(self) -> list[dict]:
+        """Each timed k x k x k product: dtype, k, precision, TFLOP/s, share of the bf16 peak.
+
+        FLOPs are the textbook's 2k³: XLA's cost analysis reports none (-1) for the products
+        it hands to cuBLAS, so its count cannot be used here.
+        """
+        rows = []
+        for r in self.data["kernels"]["rows"]:
+            if r["kernel"].startswith("matmul"):
+                k = r["shape"][0]
+                flops = cost.matmul_flops(k, k, k) / r["best_s"]
+                rows.append(
+                    {
+                        "dtype": r["dtype"],
+                        "k": k,
+                        "precision": "HIGHEST" if "HIGHEST" in r["kernel"] else "default",
+                        "counted_by_xla": r["flops"] is not None,
+                        "seconds": r["best_s"],
+                        "tflops": flops / 1e12,
+                        "of_peak": flops / self.hardware.peak_flops,
+                    }
+                )
+        return rows
+
+    def streams(self) -> list[dict]:
+        """Each timed elementwise kernel: bytes moved (XLA's count), GB/s, share of HBM's."""
+        rows = []
+        for r in self.data["kernels"]["rows"]:
+            if not r["kernel"].startswith("matmul"):
+                rate = r["bytes"] / r["best_s"]
+                rows.append(
+                    {
+                        "kernel": r["kernel"],
+                        "dtype": r["dtype"],
+                        "elements": r["shape"][0],
+                        "bytes": r["bytes"],
+                        "seconds": r["best_s"],
+                        "gbps": rate / 1e9,
+                        "of_peak": rate / self.hardware.hbm_bandwidth,
+                    }
+                )
+        return rows
+
+    def model(self) -> sizing.Transformer:
+        """The trained model's shape, as book.sizing counts it (chapter 13's GELU MLP)."""
+        c = self.data["train"]["model"]
+        return sizing.Transformer(
+            c["n_layers"], c["d_model"], c["d_mlp"], c["n_heads"], c["n_kv_heads"],
+            c["vocab"], head_dim=c["d_head"], gated=False,
+        )  # fmt: skip
+
+    def step(self) -> dict:
+        """Chapter 19's step at this size: seconds, tokens per second, MFU, peak memory."""
+        t = self.data["train"]
+        flags = t["flags"]
+        flag = {name: int(flags[flags.index(name) + 1]) for name in flags[::2]}
+        return {
+            "parameters": t["parameters"],
+            "batch": flag["--batch"],
+            "seq": flag["--seq"],
+            "microbatches": flag["--microbatches"],
+            "seconds": t["median_step_s"],
+            "tokens_per_second": t["tokens_per_second"],
+            "model_flops": t["model_flops_per_step"],
+            "mfu": t["model_flops_per_step"] / t["median_step_s"] / self.hardware.peak_flops,
+            "peak_memory_bytes": t["memory_bytes"]["peak_memory_in_bytes"],
+        }
+
+
+def kernel_kind(name: str) -> str:
+    """A GPU kernel's kind, read from its name: 'matmul', 'copy', 'scatter' or 'other'."""
+    if any(mark in name for mark in MATMUL_KERNELS):
+        return "matmul"
+    if name.startswith("memcpy"):
+        return "copy"
+    return "scatter" if "scatter" in name else "other"
+
+
+def load(path: Path = RESULTS) -> Measurement | None:
+    """The stored measurement, or None where the file is absent (an old install)."""
+    try:
+        return Measurement(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        return None
