@@ -235,7 +235,39 @@ def report(chapter_rows, form_rows, start_load) -> str:
         "its static twin pre-renders. A change that needs a program not compiled yet pays for "
         "the compile; the online book's forms are pre-rendered and answer in the browser.",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + gpu_section()) + "\n"
+
+
+def gpu_section() -> list[str]:
+    """The stored one-GPU measurement (make bench-gpu), as chapters 12, 17 and 18 show it."""
+    from book import measured
+
+    gpu = measured.load()
+    if gpu is None:
+        return []
+    lines = ["", "## One GPU (stored, from `make bench-gpu`)", "", gpu.provenance, ""]
+    lines += ["| k x k x k product | TFLOP/s | of the bf16 peak |", "| --- | ---: | ---: |"]
+    for r in gpu.matmuls():
+        kind = f"{r['dtype']}, precision {r['precision']}"
+        lines.append(f"| {r['k']:,}, {kind} | {r['tflops']:.0f} | {r['of_peak']:.0%} |")
+    lines += [
+        "",
+        "| elementwise kernel | elements | GB/s | of HBM's |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for r in gpu.streams():
+        name = f"{r['kernel']}, {r['dtype']}"
+        lines.append(f"| {name} | {r['elements']:,} | {r['gbps']:,.0f} | {r['of_peak']:.0%} |")
+    step = gpu.step()
+    lines += [
+        "",
+        f"Chapter 19's train.py at {step['parameters'] / 1e9:.2f}B parameters, "
+        f"{step['batch']} sequences of {step['seq']} tokens in {step['microbatches']} "
+        f"microbatches: {step['seconds'] * 1e3:.0f} ms a step, "
+        f"{step['tokens_per_second']:,.0f} tokens/s, MFU {step['mfu']:.1%}, XLA's peak memory "
+        f"{step['peak_memory_bytes'] / 1e9:.1f} GB.",
+    ]
+    return lines
 
 
 def _notebook(text: str) -> Path:
