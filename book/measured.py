@@ -14,12 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from book import cost, sizing
+from book.devices import TESTED_JAX
 
 FOLDER = Path(__file__).parent / "measurements"
 RESULTS, TRACE = FOLDER / "gpu.json", FOLDER / "gpu_trace.json.gz"
-# Kernels whose names mark them as matrix products: cuBLAS's (nvjet_*, on Hopper with CUDA
-# 12.8 and later; *gemm* before) and XLA's own Triton GEMM fusions (gemm_fusion_dot*).
+# Kernels whose names mark them as matrix products: cuBLAS's (nvjet_* on Hopper, *gemm*
+# elsewhere), CUTLASS's, and XLA's own Triton GEMM fusions (gemm_fusion_dot*).
 MATMUL_KERNELS = ("nvjet", "gemm", "cutlass")
+# Dense float32 peaks, published beside the bfloat16 one that book.sizing holds: TF32 on
+# the tensor cores (the datasheet's 989 TFLOP/s is "with sparsity", twice the dense rate)
+# and plain FP32. https://www.nvidia.com/en-us/data-center/h100/ (the H200 page gives the same)
+FLOAT32_PEAKS = {
+    "H100": {"default": 494.5e12, "HIGHEST": 67e12},
+    "H200": {"default": 494.5e12, "HIGHEST": 67e12},
+}
+PEAK_NAMES = {"default": "TF32", "HIGHEST": "FP32"}
 
 
 @dataclass(frozen=True)
@@ -38,9 +47,13 @@ class Measurement:
         m = self.data["machine"]
         smi = m.get("nvidia_smi") or ""
         driver = f", driver {smi.split(', ')[1]}" if smi.count(", ") >= 1 else ""
+        libraries = m.get("libraries", {})
+        cublas = f", cuBLAS {libraries['nvidia-cublas']}" if "nvidia-cublas" in libraries else ""
+        pinned = TESTED_JAX[1]
+        other = f" (the book pins jax {pinned})" if m["jax"] != pinned else ""
         return (
-            f"Measured on one {self.device}{driver}, jax {m['jax']}, {m['date']}, by "
-            "benchmarks/bench_gpu.py; stored, not re-run by this page."
+            f"Measured on one {self.device}{driver}, jax {m['jax']}{other}{cublas}, "
+            f"{m['date']}, by benchmarks/bench_gpu.py; stored, not re-run by this page."
         )
 
     @property
@@ -49,25 +62,36 @@ class Measurement:
         return sizing.HARDWARE[self.data["machine"]["peaks"]["chip"]]
 
     def matmuls(self) -> list[dict]:
-        """Each timed k x k x k product: dtype, k, precision, TFLOP/s, share of the bf16 peak.
+        """Each timed k x k x k product: dtype, k, precision, TFLOP/s, share of its peak.
 
         FLOPs are the textbook's 2k³: XLA's cost analysis reports none (-1) for the products
-        it hands to cuBLAS, so its count cannot be used here.
+        it hands to cuBLAS, so its count cannot be used here. Each rate is the fastest run's,
+        set against the published dense peak for how the product ran: bfloat16's, TF32's for
+        float32 at JAX's default precision on this GPU, FP32's for ``precision=HIGHEST``.
         """
         rows = []
         for r in self.data["kernels"]["rows"]:
             if r["kernel"].startswith("matmul"):
                 k = r["shape"][0]
                 flops = cost.matmul_flops(k, k, k) / r["best_s"]
+                precision = "HIGHEST" if "HIGHEST" in r["kernel"] else "default"
+                if r["dtype"] == "bfloat16":
+                    peak, name = self.hardware.peak_flops, "bfloat16"
+                else:
+                    peak = FLOAT32_PEAKS[self.hardware.name][precision]
+                    name = PEAK_NAMES[precision]
                 rows.append(
                     {
                         "dtype": r["dtype"],
                         "k": k,
-                        "precision": "HIGHEST" if "HIGHEST" in r["kernel"] else "default",
+                        "precision": precision,
                         "counted_by_xla": r["flops"] is not None,
                         "seconds": r["best_s"],
+                        "median_seconds": r["median_s"],
                         "tflops": flops / 1e12,
-                        "of_peak": flops / self.hardware.peak_flops,
+                        "peak_name": name,
+                        "peak_tflops": peak / 1e12,
+                        "of_peak": flops / peak,
                     }
                 )
         return rows
@@ -100,7 +124,11 @@ class Measurement:
         )  # fmt: skip
 
     def step(self) -> dict:
-        """Chapter 19's step at this size: seconds, tokens per second, MFU, peak memory."""
+        """Chapter 19's step at this size: seconds, tokens per second, MFU, peak memory.
+
+        MFU counts the model's FLOPs as book.sizing does: 6 per weight of the matrix products
+        and token, and attention's causal half of the scores.
+        """
         t = self.data["train"]
         flags = t["flags"]
         flag = {name: int(flags[flags.index(name) + 1]) for name in flags[::2]}
