@@ -18,6 +18,7 @@ from book.devices import TESTED_JAX
 
 FOLDER = Path(__file__).parent / "measurements"
 RESULTS, TRACE = FOLDER / "gpu.json", FOLDER / "gpu_trace.json.gz"
+STEP = FOLDER / "gpu_step.hlo.gz"  # the profiled step as XLA compiled it, gzipped HLO text
 # Kernels whose names mark them as matrix products: cuBLAS's (nvjet_* on Hopper, *gemm*
 # elsewhere), CUTLASS's, and XLA's own Triton GEMM fusions (gemm_fusion_dot*).
 MATMUL_KERNELS = ("nvjet", "gemm", "cutlass")
