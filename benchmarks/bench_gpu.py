@@ -63,15 +63,15 @@ ELEMENTS = {"full": [2**20, 2**24, 2**28], "dry": [2**12]}
 
 
 def chip(device_kind: str):
-    """book.sizing's entry for a device, by the name JAX gives it, or None."""
+    """book.sizing's entry for a GPU, by the name JAX gives it, or None.
+
+    Only the SXM H100 and H200, whose float32 peaks book.measured also knows; on another
+    device the results are stored without peaks, for a table entry to be added first.
+    """
     from book import sizing
 
-    kind = device_kind.lower()
     names = {"nvidia h100 80gb hbm3": "H100", "nvidia h200": "H200"}
-    name = names.get(kind) or next(
-        (n for n in sizing.HARDWARE if n.startswith("TPU") and kind == n.lower()), None
-    )
-    return sizing.HARDWARE.get(name)
+    return sizing.HARDWARE.get(names.get(device_kind.lower()))
 
 
 def peaks(device_kind: str) -> dict:
