@@ -24,6 +24,7 @@ to work before an accelerator is at hand). Without it the script needs an accele
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import gzip
@@ -183,6 +184,7 @@ def part_train(size: str) -> dict:
     import book.trace
     from book import hlo, sizing
     from book.lessons import transformer
+    from book.lessons.planning import small_model
 
     shm = Path("/dev/shm")  # memory: the checkpoint's seconds are not what is measured
     roomy = shm.is_dir() and shutil.disk_usage(shm).free > 20e9
@@ -217,10 +219,7 @@ def part_train(size: str) -> dict:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    model = sizing.Transformer(
-        cfg.n_layers, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.n_kv_heads, cfg.vocab,
-        head_dim=cfg.d_head, gated=False,
-    )  # fmt: skip
+    model = small_model(cfg)  # as book.sizing counts it
     model_flops = sizing.plan(model, global_batch=args.batch, seq=args.seq).flops["model"]
     # The first steps wait longest; the last one ran under the profiler.
     steady = [line["seconds"] for line in lines[2:-1]] or [line["seconds"] for line in lines]
@@ -231,13 +230,12 @@ def part_train(size: str) -> dict:
             names.setdefault(e["name"], set()).add(str(e.get("args", {}).get("name")))
     (run,) = profile.runs(profile.programs[0]) if profile.programs else [()]
     kernels = {}  # on a GPU, each event is a kernel, named by itself
-    for e in events:
-        if e.get("ph") == "X" and "hlo_op" in e.get("args", {}):
-            count, micros = kernels.get(e["name"], (0, 0.0))
-            kernels[e["name"]] = (count + 1, micros + e["dur"])
+    for op in profile.ops:
+        count, micros = kernels.get(op.kernel or op.name, (0, 0.0))
+        kernels[op.kernel or op.name] = (count + 1, micros + op.duration)
     asynchronous = [i.op for i in hlo.instructions(step_hlo) if i.op.endswith(("-start", "-done"))]
     return {
-        "model": MODEL[size] or "chapter 13's defaults",
+        "model": dataclasses.asdict(cfg),
         "parameters": sizing.param_count(model),
         "flags": flags[: flags.index("--checkpoint-dir")],
         "losses": [line["loss"] for line in lines],

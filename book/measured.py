@@ -15,6 +15,8 @@ from pathlib import Path
 
 from book import cost, sizing
 from book.devices import TESTED_JAX
+from book.lessons.planning import small_model
+from book.lessons.transformer import Config
 
 FOLDER = Path(__file__).parent / "measurements"
 RESULTS, TRACE = FOLDER / "gpu.json", FOLDER / "gpu_trace.json.gz"
@@ -118,11 +120,7 @@ class Measurement:
 
     def model(self) -> sizing.Transformer:
         """The trained model's shape, as book.sizing counts it (chapter 13's GELU MLP)."""
-        c = self.data["train"]["model"]
-        return sizing.Transformer(
-            c["n_layers"], c["d_model"], c["d_mlp"], c["n_heads"], c["n_kv_heads"],
-            c["vocab"], head_dim=c["d_head"], gated=False,
-        )  # fmt: skip
+        return small_model(Config(**self.data["train"]["model"]))
 
     def step(self) -> dict:
         """Chapter 19's step at this size: seconds, tokens per second, MFU, peak memory.

@@ -20,8 +20,6 @@ import book.multihost
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER = ROOT / "notebooks" / "19_a_training_run.ipynb"
 HEARTBEAT = 3
-# Programs compiled here only to run a few tiny steps or to be read: LLVM's passes skipped.
-QUICK = {"xla_backend_optimization_level": 0}
 
 
 @pytest.fixture
@@ -87,8 +85,7 @@ def test_a_mesh_that_cannot_split_the_model_evenly_is_refused(train_py, tmp_path
 def test_a_dead_peer_that_is_not_the_coordinator_stops_the_others_by_heartbeat(train_py, tmp_path):
     flags = ["--steps", "200", "--checkpoint-every", "100", "--checkpoint-dir", tmp_path / "c"]
     flags += ["--heartbeat-timeout", HEARTBEAT, "--batch", "8"]
-    quick = {"XLA_FLAGS": f"--{next(iter(QUICK))}=0"}
-    with book.multihost.start(train_py, 2, 1, timeout=240, args=flags, env=quick) as job:
+    with book.multihost.start(train_py, 2, 1, timeout=240, args=flags) as job:
         job.wait_for(r"^step 2 ", process=0)
         killed = time.monotonic() - job.started
         job.signal(signal.SIGKILL, process=1)
@@ -134,9 +131,7 @@ def test_plain_accumulation_reduces_the_gradients_in_every_microbatch():
     )
     by_rows = NamedSharding(mesh, P(None, "data"))
     tokens = jax.ShapeDtypeStruct((4, 8, 17), jnp.int32, sharding=by_rows)  # 4 microbatches
-    text = (
-        jax.jit(accumulate, out_shardings=shardings).lower(params, tokens).compile(QUICK).as_text()
-    )
+    text = jax.jit(accumulate, out_shardings=shardings).lower(params, tokens).compile().as_text()
     entry = re.search(r"^ENTRY %?(\S+)", text, re.M).group(1)
     reductions = [r for r in book.hlo.collectives(text) if r.op == "all-reduce"]
     assert reductions and all(r.computation != entry for r in reductions)
@@ -156,7 +151,7 @@ def test_every_layout_of_the_flag_resumes_to_the_same_losses(train, tmp_path):
         folder = tmp_path / layout.replace(" ", "")
         flags = ["--steps", "2", "--checkpoint-every", every, "--layout", layout]
         flags += ["--mesh", mesh, "--checkpoint-dir", folder / "c", "--log-dir", folder / "log"]
-        train.main(train.parser.parse_args([str(f) for f in flags]), QUICK)
+        train.main(train.parser.parse_args([str(f) for f in flags]))
         lines = (folder / "log" / "0-of-1.jsonl").read_text().splitlines()
         return {json.loads(line)["step"]: json.loads(line)["loss"] for line in lines}
 
