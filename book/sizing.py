@@ -459,10 +459,11 @@ def plan(
     - ``global_batch`` sequences of ``seq`` tokens per step, split over ``dp x fsdp`` and run
       as ``microbatches`` (gradient accumulation, or the pipeline's microbatches);
     - ``remat="full"`` keeps each layer's input for the backward pass and recomputes the rest
-      (a forward pass more of FLOPs); ``"minimal"`` (MaxText's name; JAX's
-      ``dots_with_no_batch_dims_saveable``) also keeps the outputs of the matrix products
-      with weights that the backward pass reads, and recomputes the attention's scores,
-      softmax and context and the elementwise work (the attention's forward FLOPs again);
+      (a forward pass more of FLOPs); ``"minimal"`` (MaxText's name; for these blocks its
+      named projections are what JAX's ``dots_with_no_batch_dims_saveable`` saves) also
+      keeps the outputs of the matrix products with weights that the backward pass reads,
+      and recomputes the attention's scores, softmax and context and the elementwise work
+      (the attention's forward FLOPs again);
       ``"none"`` keeps everything the backward pass reads, as JAX differentiates chapter
       13's block (a gated MLP is counted like its GELU MLP, an estimate); each keeps,
       outside the layers, four arrays of the residual stream and the logits;
@@ -657,9 +658,10 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     13's block, per token: six arrays of the stream and four numbers of its norms, Q and the
     attention's context (heads), K and V, the attention's scores and weights (``heads x
     seq``, split by TP) and two statistics per head, and five arrays of the MLP's hidden
-    units. Outside the layers, four arrays of the stream (split by sequence parallelism) and
-    the logits (in the compute dtype; the loss's float32 copy is transient). Within the
-    layers, sequence parallelism changes only what full remat keeps.
+    units. Sequence parallelism splits every array of the stream a layer keeps. Outside the
+    layers, four arrays of the stream (three split by sequence parallelism; the last, the
+    unembedding's input, gathered whole) and the logits (in the compute dtype; the loss's
+    float32 copy is transient).
     """
     tp = layout["tp"]
     d, dh = m.d_model, m.head_dim
@@ -669,12 +671,12 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     if remat == "full":
         per_token = stream * act
     elif remat == "minimal":  # a gated MLP keeps both input products, gate and up
-        per_token = (2 * d + heads * dh + 2 * kv * dh + (2 if m.gated else 1) * ff) * act
+        per_token = (2 * stream + heads * dh + 2 * kv * dh + (2 if m.gated else 1) * ff) * act
     else:
         attention = 2 * heads * dh + 2 * kv * dh + 2 * heads * seq + 2 * heads
-        per_token = (6 * d + 4 + attention + 5 * ff) * act
+        per_token = (6 * stream + 4 + attention + 5 * ff) * act
     vocab = math.ceil(m.vocab / tp)
-    return tokens * (layers * per_token + (4 * stream + vocab) * act)
+    return tokens * (layers * per_token + (3 * stream + d + vocab) * act)
 
 
 # Serving (chapter 20): the KV cache, and a decode step's time bound.

@@ -30,6 +30,8 @@ from book.lessons.planning import (
 )
 from book.lessons.transformer import (
     PARAM_AXES,
+    SP_RULES,
+    Layout,
     axes_of,
     init_params,
     loop_trips,
@@ -37,6 +39,13 @@ from book.lessons.transformer import (
     make_step,
     param_shardings,
 )
+
+# The calculator's remat conventions as JAX policies for chapter 13's layers.
+POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "none": None,
+}
 
 
 def sent_by_kind(compiled, mesh):
@@ -92,12 +101,7 @@ def measure(cfg, layout, tokens, targets):
     communication includes what recomputing the forward pass sends.
     """
     params = init_params(cfg)
-    policy = {
-        "full": jax.checkpoint_policies.nothing_saveable,
-        "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        "none": None,
-    }
-    step = make_step(cfg, layout, policy["full"]).lower(params, tokens, targets)
+    step = make_step(cfg, layout, POLICIES["full"]).lower(params, tokens, targets)
     step = step.compile(FAST)
     sent, loops = sent_by_kind(step, layout.mesh)
     # How the compiler reduces FSDP's gradients (CPU: an all-reduce, then a slice).
@@ -110,7 +114,7 @@ def measure(cfg, layout, tokens, targets):
         "grads": shard_bytes(step.output_shardings[2], params),  # shaped alike
         "optimizer": adamw_bytes(params, param_shardings(layout, PARAM_AXES)),
         "activations": {
-            remat: kept_bytes(cfg, layout, tokens, targets, p) for remat, p in policy.items()
+            remat: kept_bytes(cfg, layout, tokens, targets, p) for remat, p in POLICIES.items()
         },
         "comm": sent,
         "loops": loops,
@@ -202,6 +206,24 @@ def check_layout(cfg, name, mesh_shape, tokens, targets):
     # Between axes: tokens and activations moved for the embedding lookup.
     assert got["comm"].get("between", 0) <= local * cfg.d_model * 4
     return degrees, got, plans
+
+
+def check_sequence_parallel(cfg, tp, tokens, targets):
+    """What TP with sequence parallelism keeps for the backward pass, under each remat policy:
+    never less than the plan, and more by at most the slack (the layers' arrays of the stream
+    split by sequence, the unembedding's input gathered whole)."""
+    batch, seq = tokens.shape
+    mesh = jax.make_mesh((tp,), ("model",), axis_types=(AxisType.Auto,), devices=jax.devices()[:tp])
+    layout = Layout(mesh, SP_RULES)
+    for remat, policy in POLICIES.items():
+        kept = kept_bytes(cfg, layout, tokens, targets, policy)
+        plan = sizing.plan(
+            small_model(cfg), tp=tp, global_batch=batch, seq=seq, compute_dtype="float32",
+            remat=remat, sequence_parallel=True,
+        )  # fmt: skip
+        want = plan.memory["activations"]
+        slack = activation_slack(cfg, batch, seq, batch * seq, remat, tp)
+        assert want <= kept <= want + slack, (remat, want, kept)
 
 
 def pipeline_for(cfg, mesh_shape, axes, m, tokens, targets):

@@ -235,6 +235,16 @@ def test_the_plan_equals_the_compiled_step(name, mesh_shape):
     assert all("rematerialization" in line for line in xla_log.lines)
 
 
+# TP with sequence parallelism: what each remat policy keeps, against the plan.
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [4, 8])
+def test_sequence_parallel_activations_match_the_compiled_residuals(tp):
+    import compiled_plans
+
+    cfg, tokens, targets = _chapter_13_batch()
+    compiled_plans.check_sequence_parallel(cfg, tp, tokens, targets)
+
+
 # Chapter 14's pipeline of the same transformer, alone and with each layout inside its stages
 # (compiled_plans.check_pipeline asserts every byte of it).
 @pytest.mark.slow
