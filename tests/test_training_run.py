@@ -73,12 +73,13 @@ def test_a_refused_flag_leaves_no_folder_behind(train, tmp_path, monkeypatch, ca
 
 def test_a_mesh_that_cannot_split_the_model_evenly_is_refused(train_py, tmp_path):
     # 6 devices: FSDP would split d_model (64) six ways. One process, so no peer waits.
-    flags = ["--layout", "FSDP", "--steps", "2", "--batch", "24", "--checkpoint-dir"]
+    flags = ["--layout", "FSDP", "--steps", "2", "--batch", "24"]
+    folders = ["--checkpoint-dir", tmp_path / "c", "--compile-cache", tmp_path / "cache"]
     with pytest.raises(book.multihost.WorkerError) as failed:
-        book.multihost.launch(train_py, 1, 6, timeout=120, args=[*flags, tmp_path / "c"])
+        book.multihost.launch(train_py, 1, 6, timeout=120, args=[*flags, *folders])
     assert failed.value.exit_code == 1 and "Traceback" not in str(failed.value)
-    assert "cannot split the model evenly; change --mesh" in str(failed.value)
-    assert not (tmp_path / "c").exists()
+    assert "splits the model unevenly; change --layout" in str(failed.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
 @pytest.mark.slow
