@@ -446,6 +446,7 @@ def plan(
     sequence_parallel: bool = False,
     gradient_reduce: str = "reduce-scatter",
     zero1: bool = False,
+    fused_attention: bool = False,
 ) -> Plan:
     """Memory and communication per device of one training step of ``model`` in this layout.
 
@@ -467,6 +468,10 @@ def plan(
       ``"none"`` keeps everything the backward pass reads, as JAX differentiates chapter
       13's block (a gated MLP is counted like its GELU MLP, an estimate); each keeps,
       outside the layers, four arrays of the residual stream and the logits;
+    - ``fused_attention=True`` counts a fused attention kernel (FlashAttention's, cuDNN's or
+      Pallas's splash attention): it never writes the scores, and its backward pass keeps Q,
+      K, V, the output and one log-sum-exp per head and token, and recomputes the scores
+      (one product of Q and K again, a sixth of the attention's FLOPs);
     - ``sequence_parallel`` splits the residual stream between sublayers by its sequence over
       ``tp`` (chapter 13): the layers' inputs and the stream outside the layers are kept split,
       and TP's all-reduces become all-gathers and reduce-scatters of the same bytes;
@@ -514,6 +519,7 @@ def plan(
     schedule = validate.choice(schedule, list(SCHEDULES), "a pipeline schedule", error=SizingError)
     sequence_parallel = validate.flag(sequence_parallel, "sequence_parallel", error=SizingError)
     zero1 = validate.flag(zero1, "zero1", error=SizingError)
+    fused = validate.flag(fused_attention, "fused_attention", error=SizingError)
     gradient_reduce = validate.choice(
         gradient_reduce, list(GRADIENT_REDUCE), "a gradient reduction", error=SizingError
     )
@@ -548,6 +554,7 @@ def plan(
         "sequence_parallel": sequence_parallel,
         "gradient_reduce": gradient_reduce,
         "zero1": zero1,
+        "fused_attention": fused,
     }
     b = {k: DTYPE_BYTES[v] for k, v in dtypes.items()}
     arrays = _arrays(model)
@@ -569,7 +576,7 @@ def plan(
         * b["moment_dtype"]
         + (4 if optimizer == "adamw" else 0),
         "activations": _activations(
-            model, layout, local_layers, micro_tokens, seq, act, remat, sequence_parallel
+            model, layout, local_layers, micro_tokens, seq, act, remat, sequence_parallel, fused
         ),
     }
     if layout["pp"] > 1:  # GPipe holds every microbatch's activations, 1F1B at most pp
@@ -640,14 +647,16 @@ def plan(
     attention = 6 * model.layers * model.heads * model.head_dim * seq * all_tokens
     model_flops = 6 * matmul_params * all_tokens + attention  # causal: half the scores
     recompute = {"full": 2 * matmul_params * all_tokens + attention / 3, "minimal": attention / 3}
+    rescore = attention / 6 if fused else 0  # a fused backward's second product of Q and K
     bubble = (microbatches + layout["pp"] - 1) / microbatches
-    flops = {"model": model_flops, "hardware": (model_flops + recompute.get(remat, 0)) * bubble}
+    hardware = (model_flops + recompute.get(remat, 0) + rescore) * bubble
+    flops = {"model": model_flops, "hardware": hardware}
     return Plan(
         model, layout, global_batch, seq, conventions, memory, comm, tuple(collectives), flops
     )
 
 
-def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
+def _activations(m, layout, layers, tokens, seq, act, remat, sp, fused) -> int:
     """Bytes one device keeps from the forward pass for the backward pass.
 
     Per layer under full remat, the layer's input (the residual stream, whole on every TP
@@ -658,10 +667,11 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     13's block, per token: six arrays of the stream and four numbers of its norms, Q and the
     attention's context (heads), K and V, the attention's scores and weights (``heads x
     seq``, split by TP) and two statistics per head, and five arrays of the MLP's hidden
-    units. Sequence parallelism splits every array of the stream a layer keeps. Outside the
-    layers, four arrays of the stream (three split by sequence parallelism; the last, the
-    unembedding's input, gathered whole) and the logits (in the compute dtype; the loss's
-    float32 copy is transient).
+    units; a fused attention kernel keeps one log-sum-exp per head in place of the scores,
+    weights and statistics. Sequence parallelism splits every array of the stream a layer
+    keeps. Outside the layers, four arrays of the stream (three split by sequence
+    parallelism; the last, the unembedding's input, gathered whole) and the logits (in the
+    compute dtype; the loss's float32 copy is transient).
     """
     tp = layout["tp"]
     d, dh = m.d_model, m.head_dim
@@ -673,7 +683,8 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp) -> int:
     elif remat == "minimal":  # a gated MLP keeps both input products, gate and up
         per_token = (2 * stream + heads * dh + 2 * kv * dh + (2 if m.gated else 1) * ff) * act
     else:
-        attention = 2 * heads * dh + 2 * kv * dh + 2 * heads * seq + 2 * heads
+        softmax = heads if fused else 2 * heads * seq + 2 * heads
+        attention = 2 * heads * dh + 2 * kv * dh + softmax
         per_token = (6 * stream + 4 + attention + 5 * ff) * act
     vocab = math.ceil(m.vocab / tp)
     return tokens * (layers * per_token + (3 * stream + d + vocab) * act)

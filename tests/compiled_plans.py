@@ -13,11 +13,13 @@ writes a reduce-scatter as an all-reduce and a slice, twice the bytes).
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from book import cost, hlo, sizing
+from book.lessons import transformer
 from book.lessons.pipeline import INNER_AXES, make_pipeline, pipeline_loss
 from book.lessons.planning import (
     FAST,
@@ -374,3 +376,75 @@ def check_pipeline(cfg, mesh_shape, axes, m, tokens, targets):
         expected = pipeline_expected(plan, kind, m, local)
         assert math.isclose(got["comm"][kind], expected, rel_tol=1e-12), kind
     return degrees, got, plan
+
+
+@jax.custom_vjp
+def _fused_context(q, k, v):
+    """Causal attention's context as a fused kernel computes it (q: b s k g h; k, v: b s k h)."""
+    return _fused_forward(q, k, v)[0]
+
+
+def _fused_forward(q, k, v):
+    scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k) * q.shape[-1] ** -0.5
+    causal = jnp.tril(jnp.ones(scores.shape[-2:], bool))
+    scores = jnp.where(causal, scores, -jnp.inf)
+    lse = jax.nn.logsumexp(scores, axis=-1, keepdims=True)
+    context = jnp.einsum("bkgqs,bskh->bqkgh", jnp.exp(scores - lse), v)
+    return context, (q, k, v, context, lse)  # what the backward keeps: no scores
+
+
+def _fused_backward(kept, d_context):
+    q, k, v, context, lse = kept
+    scale = q.shape[-1] ** -0.5
+    scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k) * scale  # computed again
+    causal = jnp.tril(jnp.ones(scores.shape[-2:], bool))
+    weights = jnp.where(causal, jnp.exp(scores - lse), 0.0)
+    dv = jnp.einsum("bkgqs,bqkgh->bskh", weights, d_context)
+    dw = jnp.einsum("bqkgh,bskh->bkgqs", d_context, v)
+    row = jnp.einsum("bqkgh,bqkgh->bkgq", d_context, context)[..., None]
+    ds = weights * (dw - row) * scale
+    return jnp.einsum("bkgqs,bskh->bqkgh", ds, k), jnp.einsum("bkgqs,bqkgh->bskh", ds, q), dv
+
+
+_fused_context.defvjp(_fused_forward, _fused_backward)
+
+
+def fused_attention(x, p, cfg, layout):
+    """Chapter 13's attention with its context from a fused kernel's forward and backward."""
+    heads = ("batch", None, "heads", None, None)
+    qkv = transformer.constrain(jnp.einsum("bsd,dkjh->bskjh", x, p["wqkv"]), heads, layout)
+    group = cfg.n_heads // cfg.n_kv_heads
+    q, k, v = qkv[:, :, :, :group], qkv[:, :, :, group], qkv[:, :, :, group + 1]
+    context = transformer.constrain(_fused_context(q, k, v), heads, layout)
+    return jnp.einsum("bqkgh,kghd->bqd", context, p["wo"])
+
+
+def check_fused_attention(cfg, tp, tokens, targets, monkeypatch):
+    """Without remat, a fused attention keeps what the plan with fused_attention=True counts:
+    never less, more by at most the slack; its gradients are the materialized attention's."""
+    batch, seq = tokens.shape
+    mesh = jax.make_mesh((tp,), ("model",), axis_types=(AxisType.Auto,), devices=jax.devices()[:tp])
+    layout = Layout(mesh, transformer.TP_RULES)
+    step = make_step(cfg, layout)
+    params = init_params(cfg)
+    want = step(params, tokens, targets)
+    materialized = kept_bytes(cfg, layout, tokens, targets, None)
+    monkeypatch.setattr(transformer, "attention", fused_attention)
+    got = make_step(cfg, layout)(params, tokens, targets)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    for g, w in zip(jax.tree.leaves(got[2]), jax.tree.leaves(want[2]), strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-6)
+    kept = kept_bytes(cfg, layout, tokens, targets, None)
+    plans = {
+        fused: sizing.plan(
+            small_model(cfg), tp=tp, global_batch=batch, seq=seq, compute_dtype="float32",
+            remat="none", fused_attention=fused,
+        ).memory["activations"]
+        for fused in (False, True)
+    }  # fmt: skip
+    # The slack of full remat, and jax 0.10's sixth array of the MLP's hidden units.
+    slack = activation_slack(cfg, batch, seq, batch * seq, "full", tp)
+    slack += cfg.n_layers * batch * seq * math.ceil(cfg.d_mlp / tp) * 4
+    assert plans[True] <= kept <= plans[True] + slack, (plans, kept)
+    # What the fused kernel no longer keeps: the scores, weights and mask, as planned.
+    assert materialized - kept >= plans[False] - plans[True]

@@ -323,3 +323,28 @@ def test_hardware_built_from_wrong_kinds_is_refused_and_zero_latency_is_not():
     fast = dataclasses.replace(H100.fast, hop_latency=0)
     s = _plan(tp=8).seconds(dataclasses.replace(H100, fast=fast, peak_flops=1e15))
     assert 0 < s.mfu <= 1 and s.links["tp"] == "NVLink"
+
+
+# A fused attention kernel keeps no scores: against a custom_vjp attention that keeps what
+# FlashAttention's backward keeps, without remat, on 1 and 4 devices of TP.
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [1, 4])
+def test_fused_attention_activations_match_the_compiled_residuals(tp, monkeypatch):
+    import compiled_plans
+
+    cfg, tokens, targets = _chapter_13_batch()
+    compiled_plans.check_fused_attention(cfg, tp, tokens, targets, monkeypatch)
+
+
+def test_fused_attention_keeps_no_scores_and_computes_them_again():
+    kw = dict(remat="none", global_batch=64, seq=8192)
+    plain, fused = (sizing.plan(LLAMA_8B, fused_attention=f, **kw) for f in (False, True))
+    m, tokens = LLAMA_8B, fused.global_batch * fused.seq
+    softmax = m.layers * tokens * (2 * m.heads * fused.seq + m.heads) * 2  # bfloat16
+    assert plain.memory["activations"] - fused.memory["activations"] == softmax
+    scores = 6 * m.layers * m.heads * m.head_dim * fused.seq * tokens
+    assert fused.flops["hardware"] == pytest.approx(plain.flops["hardware"] + scores / 6)
+    assert fused.flops["model"] == plain.flops["model"] and fused.comm == plain.comm
+    for remat in ("full", "minimal"):  # the scores were never kept; the FLOPs still grow
+        a, b = _plan(remat=remat), _plan(remat=remat, fused_attention=True)
+        assert a.memory == b.memory and b.flops["hardware"] > a.flops["hardware"]
