@@ -41,6 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the book package of this clone
+
+from benchmarks.bench import _report_file  # noqa: E402 - a file checked before the minutes
+
 PART_TIMEOUT_S = 240
 # Where the book reads the measurement (book.measured), with the profiled step's trace beside it.
 STORED = ROOT / "book" / "measurements" / "gpu.json"
@@ -317,7 +320,8 @@ def machine() -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="CPU, tiny sizes: a test run")
-    parser.add_argument("--out", type=Path, help=f"default: {STORED} (--dry: a temporary file)")
+    out_help = f"default: {STORED} (--dry: a temporary file)"
+    parser.add_argument("--out", type=_report_file, help=out_help)
     parser.add_argument("--keep", type=Path, help="a folder for the step's trace and HLO")
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -327,9 +331,11 @@ def main(argv=None) -> int:
     if args.part:  # a child: one part, its JSON on the last line of stdout
         print(json.dumps(PARTS[args.part](size)))
         return 0
-    for flag, folder in (("--out", args.out.parent), ("--keep", args.keep)):
-        if folder is not None and not folder.is_dir():
-            parser.error(f"{flag}: the folder {folder} does not exist; make it first")
+    try:  # the trace and HLO are written minutes from now: the folder is tried first
+        with tempfile.TemporaryFile(dir=args.keep or "."):
+            pass
+    except (OSError, ValueError):
+        parser.error(f"--keep: cannot write in {args.keep}; name a folder that exists")
     results = {"machine": machine(), "dry": args.dry}
     for name in PARTS:
         results[name] = run_part(name, size, args.keep)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import book.trace
 from book import measured, sizing
 
@@ -40,14 +42,22 @@ def test_the_dry_run_measures_every_part_on_the_cpu(tmp_path):
     assert (tmp_path / "gpu_step.hlo.gz").is_file()
 
 
-def test_a_bad_flag_gets_one_sentence(tmp_path):
-    missing = tmp_path / "no" / "gpu.json"
+BAD_FLAGS = [
+    *(["--out", out] for out in ["no/gpu.json", "", ".", "/proc/gpu.json", "a" * 300]),
+    *(["--keep", keep] for keep in ["no", "/proc", "/dev/null"]),
+]
+
+
+@pytest.mark.parametrize("flags", BAD_FLAGS)
+def test_a_bad_flag_gets_one_sentence_before_any_part_runs(tmp_path, flags):
     done = subprocess.run(
-        [sys.executable, SCRIPT, "--dry", "--out", missing], capture_output=True, text=True
-    )
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert f"the folder {missing.parent} does not exist" in done.stderr
-    assert not missing.parent.exists()
+        [sys.executable, SCRIPT, "--dry", *flags],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert last.startswith(f"bench_gpu.py: error: {'argument ' * (flags[0] == '--out')}")
+    assert "cannot write" in last and not list(tmp_path.iterdir())
 
 
 def test_the_stored_measurement_is_a_real_gpu_run_with_its_provenance():
