@@ -260,7 +260,8 @@ def _device(index, event, args, processes, threads) -> int | None:
     on_device = _DEVICE_PROCESS.match(processes.get(event.get("pid"), ""))
     thread = threads.get((event.get("pid"), event.get("tid")), "")
     if on_device and ("hlo_op" in args or thread == _OPS_THREAD):
-        return int(on_device.group(1))
+        number = on_device.group(1)
+        return _whole(index, "device in its process's name", number, validate.MAX_DEVICES - 1)
     return None
 
 

@@ -107,6 +107,27 @@ def test_accelerator_processes_give_their_device_number(tmp_path):
     assert [(o.device, o.name) for o in found.ops] == [(3, "fusion.2")]
 
 
+@pytest.mark.parametrize(
+    "number, words", [("9" * 30, "has 30 digits"), ("9" * 5000, "has 5000 digits"), ("٣", "0 to 9")]
+)
+def test_a_device_process_numbered_past_any_device_is_refused(tmp_path, number, words):
+    events = [
+        {"ph": "M", "pid": 5, "name": "process_name", "args": {"name": f"/device:GPU:{number}"}},
+        {
+            "ph": "X",
+            "pid": 5,
+            "tid": 2,
+            "ts": 1.0,
+            "dur": 4.0,
+            "name": "k",
+            "args": {"hlo_op": "f"},
+        },
+    ]
+    with pytest.raises(trace.TraceError, match="Event 1's device in its process's name") as caught:
+        trace.read(write_trace(tmp_path, events))
+    assert words in str(caught.value)
+
+
 def test_runs_without_run_ids_are_cut_at_the_annotated_steps(tmp_path):
     step = {"ph": "X", "pid": 1, "tid": 1, "name": "train"}
     events = [
