@@ -445,7 +445,7 @@ def plan(
     remat: str = "full",
     sequence_parallel: bool = False,
     gradient_reduce: str = "reduce-scatter",
-    zero1: bool = False,
+    zero: int = 0,
     fused_attention: bool = False,
 ) -> Plan:
     """Memory and communication per device of one training step of ``model`` in this layout.
@@ -478,10 +478,12 @@ def plan(
     - FSDP gathers each layer's weights once forward and once backward and reduces its
       gradients, per microbatch; ``gradient_reduce="all-reduce"`` counts an all-reduce where
       the textbook has a reduce-scatter (what XLA compiles for CPU devices);
-    - DP all-reduces every gradient a device holds once a step; ``zero1=True`` (ZeRO-1,
-      chapter 16) splits the optimizer's state over ``dp`` instead of copying it, so DP
+    - DP all-reduces every gradient a device holds once a step; ``zero=1`` (ZeRO-1, chapter
+      16) splits the optimizer's state over ``dp`` instead of copying it, so DP
       reduce-scatters the gradients and all-gathers the updated parameters (the same bytes
-      where ``param_dtype`` and ``grad_dtype`` agree);
+      where ``param_dtype`` and ``grad_dtype`` agree); ``zero=2`` (ZeRO-2) splits the
+      gradients too, so each microbatch's gradients are reduce-scattered as the backward
+      pass makes them, ``microbatches`` times a step (ZeRO-3 is FSDP, ``fsdp``);
     - TP all-reduces the residual stream four times per layer (twice forward, twice
       backward), a fifth time under full remat (the recomputed attention's output, which the
       recomputed MLP reads; with sequence parallelism the recomputation also gathers the
@@ -518,7 +520,15 @@ def plan(
     remat = validate.choice(remat, list(REMAT), "a remat policy", error=SizingError)
     schedule = validate.choice(schedule, list(SCHEDULES), "a pipeline schedule", error=SizingError)
     sequence_parallel = validate.flag(sequence_parallel, "sequence_parallel", error=SizingError)
-    zero1 = validate.flag(zero1, "zero1", error=SizingError)
+    zero = validate.whole(
+        zero,
+        "zero, the ZeRO stage,",
+        low=0,
+        high=2,
+        example=1,
+        too_large="a stage the calculator writes as fsdp (ZeRO-3 is FSDP)",
+        error=SizingError,
+    )
     fused = validate.flag(fused_attention, "fused_attention", error=SizingError)
     gradient_reduce = validate.choice(
         gradient_reduce, list(GRADIENT_REDUCE), "a gradient reduction", error=SizingError
@@ -553,7 +563,7 @@ def plan(
         "remat": remat,
         "sequence_parallel": sequence_parallel,
         "gradient_reduce": gradient_reduce,
-        "zero1": zero1,
+        "zero": zero,
         "fused_attention": fused,
     }
     b = {k: DTYPE_BYTES[v] for k, v in dtypes.items()}
@@ -570,9 +580,9 @@ def plan(
     stream = micro_tokens * model.d_model * act
     memory = {
         "params": held * b["param_dtype"],
-        "grads": held * b["grad_dtype"],
+        "grads": (math.ceil(held / layout["dp"]) if zero >= 2 else held) * b["grad_dtype"],
         "optimizer": OPTIMIZER_MOMENTS[optimizer]
-        * (math.ceil(held / layout["dp"]) if zero1 else held)
+        * (math.ceil(held / layout["dp"]) if zero else held)
         * b["moment_dtype"]
         + (4 if optimizer == "adamw" else 0),
         "activations": _activations(
@@ -617,15 +627,17 @@ def plan(
         add("fsdp", "all-gather", what, gathered, 2 * count * microbatches, inside)
         add("fsdp", gradient_reduce, f"{what}: gradients", reduced, count * microbatches, inside)
     # DP: every gradient a device holds, all-reduced once a step, layer by layer; under
-    # ZeRO-1 reduce-scattered, and the parameters each device updated gathered.
+    # ZeRO reduce-scattered (ZeRO-2: each microbatch's), and the parameters each device
+    # updated gathered.
     ends_held = held - local_layers * per_layer
     for what, elements, count, inside in (
         ("a layer's", per_layer, local_layers, True),
         ("the ends'", ends_held, 1, False),
     ):
         grads = elements * b["grad_dtype"]
-        if zero1:
-            add("dp", "reduce-scatter", f"{what} gradients", grads, count, inside)
+        if zero:
+            times = count * (microbatches if zero == 2 else 1)
+            add("dp", "reduce-scatter", f"{what} gradients", grads, times, inside)
             gathered = elements * b["param_dtype"]
             add("dp", "all-gather", f"{what} updated parameters", gathered, count, inside)
         else:

@@ -58,8 +58,8 @@ def test_communication_follows_the_ring_formulas(n):
 @pytest.mark.parametrize("params, grads", [("float32", "float32"), ("bfloat16", "float32")])
 def test_zero1_splits_the_optimizer_over_dp(params, grads):
     kw = dict(dp=8, tp=2, param_dtype=params, grad_dtype=grads)
-    dp, zero1 = _plan(**kw), _plan(zero1=True, **kw)
-    assert zero1.conventions["zero1"] and not dp.conventions["zero1"]
+    dp, zero1 = _plan(**kw), _plan(zero=1, **kw)
+    assert zero1.conventions["zero"] == 1 and dp.conventions["zero"] == 0
     # AdamW's two float32 moments of what a device holds, split 8 ways; the step count whole.
     held = dp.memory["grads"] // 4
     assert zero1.memory["optimizer"] == 8 * math.ceil(held / 8) + 4
@@ -78,7 +78,20 @@ def test_zero1_splits_the_optimizer_over_dp(params, grads):
     }
     assert zero1.comm["tp"] == dp.comm["tp"] and zero1.flops == dp.flops
     # Without DP there is nothing to split.
-    assert _plan(tp=2, zero1=True).memory == _plan(tp=2).memory
+    assert _plan(tp=2, zero=1).memory == _plan(tp=2).memory
+
+
+def test_zero2_splits_the_gradients_and_reduces_each_microbatchs():
+    kw = dict(dp=8, tp=2, microbatches=4)
+    zero1, zero2 = _plan(zero=1, **kw), _plan(zero=2, **kw)
+    held = zero1.memory["grads"] // 4
+    assert zero2.memory["grads"] == 4 * math.ceil(held / 8)
+    for part in ("params", "optimizer", "activations"):
+        assert zero2.memory[part] == zero1.memory[part]
+    # The gradients' reduce-scatters run once per microbatch; the parameters' gathers once.
+    scatter = cost.reduce_scatter_bytes(held * 4, 8)
+    assert zero2.comm["dp"] - zero1.comm["dp"] == pytest.approx(3 * scatter)
+    assert _plan(zero=2, dp=8).comm == _plan(zero=1, dp=8).comm  # one microbatch: the same
 
 
 def test_tp_bytes_grow_with_the_batch_and_dp_bytes_do_not():
@@ -183,7 +196,8 @@ def test_hardware_has_sources():
         lambda: sizing.serve(LLAMA_8B, batch=8, context=64).links(b"H100"),
         lambda: sizing.plan(LLAMA_8B, tp=16, global_batch=8, seq=8),  # 8 K/V heads
         lambda: sizing.plan(LLAMA_8B, global_batch=8, seq=2**31 - 1),
-        lambda: sizing.plan(LLAMA_8B, dp=2, global_batch=8, seq=8, zero1="yes"),
+        lambda: sizing.plan(LLAMA_8B, dp=2, global_batch=8, seq=8, zero=True),
+        lambda: sizing.plan(LLAMA_8B, dp=2, global_batch=8, seq=8, zero=3),
     ],
 )
 def test_refusals_are_one_sentence(call):
