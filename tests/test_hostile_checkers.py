@@ -216,6 +216,18 @@ def test_processes_threads_folder_and_environment_an_answer_leaves_are_cleaned_u
     assert not thread.is_alive()
 
 
+def test_a_process_an_answer_started_is_reaped_not_left_a_zombie():
+    pids = []
+
+    def intensity(m, k, n):
+        pids.append(subprocess.Popen(["sleep", "60"]).pid)
+        return 1.0
+
+    verdict = exercises.ch12_intensity(intensity)
+    assert verdict.judged and not verdict.ok and pids
+    assert not os.path.exists(f"/proc/{pids[0]}")  # killed and waited for
+
+
 def test_a_checker_that_writes_a_checkpoint_leaves_no_thread_of_its_own():
     before = set(threading.enumerate())
     verdict = exercises.ch16_restore_on(lambda path, mesh: None, ANSWERS["ch16_restore_on"][1])

@@ -448,8 +448,10 @@ def _kill(pid: int) -> None:
         return
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        os.waitpid(pid, os.WNOHANG)  # only our own children can be reaped; others are init's
+    deadline = time.monotonic() + _GRACE  # dying takes a moment; reaped, it leaves no zombie
+    with contextlib.suppress(OSError):  # only our own children can be reaped; others are init's
+        while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def _runs_readers(thread: threading.Thread) -> bool:
