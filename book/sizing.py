@@ -31,7 +31,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 OPTIMIZER_MOMENTS = {"adamw": 2, "sgd": 0}
 REMAT = ("full", "minimal", "none")
 # Pipeline schedules: the same steps and bubble, different microbatches in flight.
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 GRADIENT_REDUCE = ("reduce-scatter", "all-reduce")
 KINDS = ("dp", "fsdp", "tp", "pp")
 # Axes from the innermost (neighbouring devices) outwards: the order a fast domain fills.
@@ -437,6 +437,7 @@ def plan(
     seq: int,
     microbatches: int = 1,
     schedule: str = "gpipe",
+    virtual_stages: int = 1,
     param_dtype: str = "float32",
     grad_dtype: str = "float32",
     moment_dtype: str = "float32",
@@ -496,7 +497,12 @@ def plan(
       from which each stage computes the embedding's; with ``schedule="gpipe"`` the stages
       keep every microbatch's activations until its backward pass (GPipe's order, chapter
       14's scan), with ``"1f1b"`` at most ``pp`` microbatches' (the first stage's peak in
-      1F1B's order; its steps, bubble and bytes sent are GPipe's). Chapter 14's
+      1F1B's order; its steps, bubble and bytes sent are GPipe's), with ``"interleaved"``
+      Megatron-LM's interleaved 1F1B: each stage holds ``virtual_stages`` (v) groups of
+      ``layers / (pp v)`` layers, the first stage keeps at most ``pp + (pp - 1) / v``
+      microbatches' activations (chapter 14), the bubble shrinks to ``(pp - 1) / v`` of
+      ``microbatches`` steps and each stage sends at each of ``v microbatches + pp - 1``
+      steps, ``v`` times GPipe's transfers. Chapter 14's
       program also runs its layers, and their FSDP and TP collectives, at its ``pp - 1``
       idle steps, and keeps those steps' activations; tests/compiled_plans.py accounts for both.
     """
@@ -519,6 +525,12 @@ def plan(
     )
     remat = validate.choice(remat, list(REMAT), "a remat policy", error=SizingError)
     schedule = validate.choice(schedule, list(SCHEDULES), "a pipeline schedule", error=SizingError)
+    v = _whole(virtual_stages, "virtual_stages")
+    if (v > 1) != (schedule == "interleaved"):
+        raise SizingError(
+            'schedule="interleaved" needs virtual_stages of 2 or more, and the other schedules '
+            f"one group of layers per stage; virtual_stages={v} does not fit {schedule!r}."
+        )
     sequence_parallel = validate.flag(sequence_parallel, "sequence_parallel", error=SizingError)
     zero = validate.whole(
         zero,
@@ -550,14 +562,15 @@ def plan(
             "splits Q, K and V (chapter 13); choose a tp of at most "
             f"{model.kv_heads}."
         )
-    if model.layers % layout["pp"]:
+    if model.layers % (layout["pp"] * v):
         raise SizingError(
-            f"{model.layers} layers do not split into {layout['pp']} pipeline stages; choose a "
-            "pp that divides the number of layers."
+            f"{model.layers} layers do not split into {layout['pp']} pipeline stages of {v} "
+            "groups; choose a pp and virtual_stages whose product divides the number of layers."
         )
     conventions = {
         "microbatches": microbatches,
         "schedule": schedule,
+        "virtual_stages": v,
         **dtypes,
         "optimizer": optimizer,
         "remat": remat,
@@ -589,10 +602,12 @@ def plan(
             model, layout, local_layers, micro_tokens, seq, act, remat, sequence_parallel, fused
         ),
     }
-    if layout["pp"] > 1:  # GPipe holds every microbatch's activations, 1F1B at most pp
-        memory["activations"] *= (
-            microbatches if schedule == "gpipe" else min(microbatches, layout["pp"])
-        )
+    p = layout["pp"]
+    if p > 1:  # GPipe holds every microbatch's activations, 1F1B at most pp, and the
+        # interleaved schedule at most (v + 1) p - 1 groups of 1/v of a microbatch's
+        groups = {"gpipe": v * microbatches, "1f1b": v * min(microbatches, p)}
+        held_groups = groups.get(schedule, min((v + 1) * p - 1, v * microbatches))
+        memory["activations"] = memory["activations"] * held_groups // v
     memory["total"] = sum(memory.values())
 
     collectives = []
@@ -643,7 +658,7 @@ def plan(
         else:
             add("dp", "all-reduce", f"{what} gradients", grads, count, inside)
     # PP: a microbatch's activations forward and their gradients back, at every schedule step.
-    steps = microbatches + layout["pp"] - 1
+    steps = v * microbatches + layout["pp"] - 1
     add("pp", "collective-permute", "activations and their gradients", stream, 2 * steps, False)
     # The ends, replicated over stages: the final norm's and unembedding's gradients as held,
     # and the embedded tokens' gradient, from which every stage computes the embedding's.
@@ -660,7 +675,7 @@ def plan(
     model_flops = 6 * matmul_params * all_tokens + attention  # causal: half the scores
     recompute = {"full": 2 * matmul_params * all_tokens + attention / 3, "minimal": attention / 3}
     rescore = attention / 6 if fused else 0  # a fused backward's second product of Q and K
-    bubble = (microbatches + layout["pp"] - 1) / microbatches
+    bubble = (microbatches + (layout["pp"] - 1) / v) / microbatches
     hardware = (model_flops + recompute.get(remat, 0) + rescore) * bubble
     flops = {"model": model_flops, "hardware": hardware}
     return Plan(

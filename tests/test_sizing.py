@@ -362,3 +362,36 @@ def test_fused_attention_keeps_no_scores_and_computes_them_again():
     for remat in ("full", "minimal"):  # the scores were never kept; the FLOPs still grow
         a, b = _plan(remat=remat), _plan(remat=remat, fused_attention=True)
         assert a.memory == b.memory and b.flops["hardware"] > a.flops["hardware"]
+
+
+@pytest.mark.parametrize("m, p, v", [(8, 4, 2), (16, 4, 4), (2, 4, 2)])
+def test_interleaved_1f1b_holds_chapter_14s_peak_for_a_smaller_bubble(m, p, v):
+    from fractions import Fraction
+
+    kw = dict(pp=p, tp=8, global_batch=32, seq=4096, microbatches=m, sequence_parallel=True)
+    one_f = sizing.plan(LLAMA_70B, schedule="1f1b", **kw)
+    inter = sizing.plan(LLAMA_70B, schedule="interleaved", virtual_stages=v, **kw)
+    # Stage 0 holds at most p + (p - 1) / v microbatches (chapter 14's simulated peak), and
+    # never more than all m of them.
+    per_microbatch = Fraction(one_f.memory["activations"], min(m, p))
+    peak = min(p + Fraction(p - 1, v), m)
+    assert inter.memory["activations"] == math.floor(per_microbatch * peak)
+    # The bubble falls by v; every step sends, v m + p - 1 of them, both ways.
+    bubble = Fraction(inter.flops["hardware"]) / Fraction(one_f.flops["hardware"])
+    assert bubble == pytest.approx((m + (p - 1) / v) / (m + p - 1))
+    stream = 32 // m * 4096 * LLAMA_70B.d_model * 2  # a microbatch's, in bfloat16
+    sends = [c for c in inter.collectives if c.op == "collective-permute"]
+    assert sum(c.sent * c.count for c in sends) == 2 * (v * m + p - 1) * stream
+    for part in ("params", "grads", "optimizer"):
+        assert inter.memory[part] == one_f.memory[part]
+
+
+@pytest.mark.parametrize(
+    "schedule, v, layers",
+    [("interleaved", 1, 80), ("1f1b", 2, 80), ("interleaved", 3, 80), ("interleaved", 2, 12)],
+)
+def test_interleaving_is_asked_for_consistently(schedule, v, layers):
+    model = dataclasses.replace(LLAMA_70B, layers=layers)
+    with pytest.raises(ReaderError) as err:
+        sizing.plan(model, pp=4, global_batch=32, seq=64, schedule=schedule, virtual_stages=v)
+    assert "\n" not in str(err.value) and "virtual_stages" in str(err.value)
