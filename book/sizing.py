@@ -17,7 +17,7 @@ there. The collective formulas and the alpha-beta time are ``book.cost``'s, the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from book import cost, validate
 from book.errors import ReaderError
@@ -201,7 +201,11 @@ class Link:
 
 @dataclass(frozen=True)
 class Hardware:
-    """A chip and its links: ``fast`` within a domain of ``domain`` chips, ``slow`` beyond."""
+    """A chip and its links: ``fast`` within a domain of ``domain`` chips, ``slow`` beyond.
+
+    ``torus_dims``: how many dimensions of its fast links' torus one mesh axis may span (a
+    TPU slice's 2 or 3; 1 for a GPU board, whose switch gives every axis the whole NVLink).
+    """
 
     name: str
     peak_flops: float
@@ -211,6 +215,7 @@ class Hardware:
     domain: int
     source: str
     hbm_bandwidth: float | None = None  # bytes per second between HBM and the cores
+    torus_dims: int = 1
 
     def __post_init__(self):
         # Kept as Python floats: a NumPy float32 or a JAX scalar would carry into every time.
@@ -236,13 +241,18 @@ class Hardware:
             self.domain, "A chip's fast domain", high=validate.MAX_DEVICES, error=SizingError
         )
         keep("domain", domain)
+        dims = validate.whole(
+            self.torus_dims, "A chip's torus dimensions", high=3, error=SizingError
+        )
+        keep("torus_dims", dims)
         validate.text(
             self.source, "a chip's source", example="'https://…'", limit=1000, error=SizingError
         )
 
 
 def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits, hbm_bandwidth, note):
-    """A TPU: its ICI shared by its ports, its slice's DCN bandwidth shared by its chips."""
+    """A TPU: its ICI shared by its ports, two a torus dimension (one each way), its slice's
+    DCN bandwidth shared by its chips."""
     ici = Link(
         "ICI",
         ici_total / ports,  # an axis's ring uses two of the ports, one way each
@@ -261,8 +271,9 @@ def _tpu(name, page, tflops, hbm, ici_total, ports, domain, dcn_per_pod_bits, hb
         f"{page} (data-center network bandwidth, per chip of a {domain}-chip slice); hop "
         "latency assumed (10 µs), not published",
     )
-    source = f"{page} ({note})"
-    return Hardware(name, tflops * 1e12, hbm, ici, dcn, domain, source, hbm_bandwidth)
+    source = f"{page} ({note}; torus: the page's interconnect topology)"
+    hardware = (name, tflops * 1e12, hbm, ici, dcn, domain, source, hbm_bandwidth)
+    return Hardware(*hardware, torus_dims=ports // 2)
 
 
 def _gpu(name, page, hbm, hbm_bandwidth):
@@ -385,16 +396,55 @@ class Plan:
         """
         return _links(self.layout, INNER_TO_OUTER, _chip(hardware))
 
-    def seconds(self, hardware) -> Seconds:
-        """Compute, communication and the step's lower bound on ``hardware``."""
+    def seconds(self, hardware, torus=None) -> Seconds:
+        """Compute, communication and the step's lower bound on ``hardware``.
+
+        Each mesh axis gets one ring; ``torus`` ({kind: dimensions}, such as ``{"fsdp": 2}``)
+        lays an axis on the fast links over that many dimensions of a TPU's torus, each with
+        a ring of its own, and so multiplies its bandwidth by as many.
+        """
         hardware = _chip(hardware)
         links = self.links(hardware)
+        for kind, dims in _torus(torus, hardware, links, self.layout).items():
+            links[kind] = replace(links[kind], bandwidth=links[kind].bandwidth * dims)
         comm = _comm_seconds(self.collectives, links, KINDS)
         compute = self.flops["hardware"] / (self.devices * hardware.peak_flops)
         bound = max(compute, *comm.values())
         mfu = self.flops["model"] / (bound * self.devices * hardware.peak_flops)
         kinds = {k: links[k].name for k in KINDS}
         return Seconds(compute, comm, kinds, bound, compute + sum(comm.values()), mfu)
+
+
+def _torus(torus, hardware: Hardware, links: dict, layout: dict) -> dict[str, int]:
+    """``torus`` checked: kinds of axis on the fast links, each over a number of dimensions."""
+    if torus is None:
+        return {}
+    if not isinstance(torus, dict):
+        raise SizingError(
+            f'torus must be a dict such as {{"fsdp": 2}}, not {validate.describe(torus)}.'
+        )
+    out = {}
+    for kind, dims in torus.items():
+        kind = validate.choice(kind, list(KINDS), "a kind of axis", error=SizingError)
+        top = hardware.torus_dims
+        dims = validate.whole(
+            dims,
+            f"torus[{kind!r}]",
+            high=top,
+            too_large=f"more dimensions than {hardware.name}'s links give an axis",
+            error=SizingError,
+        )
+        if dims > 1 and links[kind] is not hardware.fast:
+            raise SizingError(
+                f"{kind}'s axis runs over {links[kind].name}, not a torus; give it 1 dimension."
+            )
+        if 2**dims > max(2, layout[kind]):  # each dimension it spans holds 2 devices or more
+            raise SizingError(
+                f"{kind}'s {layout[kind]} devices cannot span {dims} dimensions of a torus; "
+                "give it fewer."
+            )
+        out[kind] = dims
+    return out
 
 
 def _comm_seconds(collectives, links, kinds) -> dict[str, float]:

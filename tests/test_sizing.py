@@ -395,3 +395,41 @@ def test_interleaving_is_asked_for_consistently(schedule, v, layers):
     with pytest.raises(ReaderError) as err:
         sizing.plan(model, pp=4, global_batch=32, seq=64, schedule=schedule, virtual_stages=v)
     assert "\n" not in str(err.value) and "virtual_stages" in str(err.value)
+
+
+def test_an_ici_axis_over_several_torus_dimensions_sends_that_much_faster():
+    p = sizing.plan(LLAMA_70B, fsdp=1024, tp=4, global_batch=1024, seq=4096)
+    one = p.seconds("TPU v5p")
+    for dims in (1, 2, 3):
+        s = p.seconds("TPU v5p", torus={"fsdp": dims})
+        assert s.compute == one.compute and s.comm["tp"] == one.comm["tp"]
+        # Bytes over dims times the bandwidth; the hops' latency unchanged.
+        latency = sum(
+            c.count * cost.ring_steps(c.op, c.n) * sizing.HARDWARE["TPU v5p"].fast.hop_latency
+            for c in p.collectives
+            if c.kind == "fsdp"
+        )
+        assert s.comm["fsdp"] - latency == pytest.approx((one.comm["fsdp"] - latency) / dims)
+    assert [sizing.HARDWARE[n].torus_dims for n in ("TPU v5e", "TPU v5p", "TPU v6e")] == [2, 3, 2]
+    assert sizing.HARDWARE["H100"].torus_dims == 1
+
+
+@pytest.mark.parametrize(
+    "chip, torus",
+    [
+        ("TPU v5p", {"fsdp": 4}),  # v5p's torus has 3 dimensions
+        ("H100", {"fsdp": 2}),  # NVLink's switch is no torus
+        ("TPU v5p", {"tp": 3}),  # 4 devices span at most 2
+        ("TPU v5p", {"model": 2}),
+        ("TPU v5p", [("fsdp", 2)]),
+        ("TPU v5p", {"fsdp": True}),
+    ],
+)
+def test_a_torus_that_cannot_be_is_refused_in_one_sentence(chip, torus):
+    p = sizing.plan(LLAMA_70B, fsdp=1024, tp=4, global_batch=1024, seq=4096)
+    with pytest.raises(ReaderError) as err:
+        p.seconds(chip, torus=torus)
+    assert "\n" not in str(err.value)
+    dcn = sizing.plan(LLAMA_70B, dp=2, fsdp=4096, global_batch=8192, seq=64)
+    with pytest.raises(ReaderError, match="DCN"):
+        dcn.seconds("TPU v5p", torus={"dp": 2})
