@@ -425,12 +425,16 @@ def check_fused_attention(cfg, tp, tokens, targets, monkeypatch):
     batch, seq = tokens.shape
     mesh = jax.make_mesh((tp,), ("model",), axis_types=(AxisType.Auto,), devices=jax.devices()[:tp])
     layout = Layout(mesh, transformer.TP_RULES)
-    step = make_step(cfg, layout)
     params = init_params(cfg)
-    want = step(params, tokens, targets)
+
+    def run_step():
+        step = make_step(cfg, layout).lower(params, tokens, targets).compile(FAST)
+        return step(params, tokens, targets)
+
+    want = run_step()
     materialized = kept_bytes(cfg, layout, tokens, targets, None)
     monkeypatch.setattr(transformer, "attention", fused_attention)
-    got = make_step(cfg, layout)(params, tokens, targets)
+    got = run_step()
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
     for g, w in zip(jax.tree.leaves(got[2]), jax.tree.leaves(want[2]), strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-6)
