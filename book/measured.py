@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from book import cost, sizing
+from book import cost, sizing, validate
 from book.devices import TESTED_JAX
+from book.errors import ReaderError
 from book.lessons.planning import small_model
 from book.lessons.transformer import Config
 
@@ -32,6 +33,10 @@ FLOAT32_PEAKS = {
     "H200": {"default": 494.5e12, "HIGHEST": 67e12},
 }
 PEAK_NAMES = {"default": "TF32", "HIGHEST": "FP32"}
+
+
+class MeasurementError(ReaderError, ValueError):
+    """A file that is not a finished accelerator run, explained in one sentence."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,14 @@ class Measurement:
 
 def kernel_kind(name: str) -> str:
     """A GPU kernel's kind, read from its name: 'matmul', 'copy', 'scatter' or 'other'."""
+    name = validate.text(
+        name,
+        "a kernel's name",
+        example="'nvjet_sm90_tst'",
+        empty=True,
+        limit=10**4,
+        error=MeasurementError,
+    )
     if any(mark in name for mark in MATMUL_KERNELS):
         return "matmul"
     if name.startswith("memcpy"):
@@ -154,8 +167,33 @@ def kernel_kind(name: str) -> str:
 
 
 def load(path: Path = RESULTS) -> Measurement | None:
-    """The stored measurement, or None where the file is absent (an old install)."""
+    """The stored measurement, or None where the stored file is absent (an old install).
+
+    Another file, such as the ``--out`` of a run of one's own, must hold a finished run on an
+    accelerator whose peaks book.sizing has: anything else is refused here in one sentence
+    rather than failing later in a method.
+    """
+    given = path
+    path = validate.path(path, "path", "the --out of bench_gpu.py", error=MeasurementError)
+    shown = validate.describe(str(path), 120)
     try:
-        return Measurement(json.loads(Path(path).read_text()))
+        data = json.loads(path.read_text())
     except FileNotFoundError:
-        return None
+        if given is RESULTS:
+            return None
+        raise MeasurementError(f"There is no file {shown}; check the path.") from None
+    except (OSError, ValueError, RecursionError) as err:  # a folder, not UTF-8, not JSON
+        why = getattr(err, "strerror", None) or type(err).__name__
+        raise MeasurementError(f"{shown} cannot be read as JSON ({why}).") from None
+    parts = data if isinstance(data, dict) else {}
+    unfinished = [
+        part
+        for part in ("machine", "kernels", "train")
+        if not isinstance(parts.get(part), dict) or "error" in parts[part]
+    ]
+    if unfinished or not isinstance(parts["machine"].get("peaks"), dict):
+        raise MeasurementError(
+            f"{shown} holds no finished run of benchmarks/bench_gpu.py on an accelerator book."
+            f"sizing has peaks for ({', '.join(unfinished) or 'peaks'} missing or failed)."
+        )
+    return Measurement(data)

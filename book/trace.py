@@ -29,7 +29,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -137,7 +136,9 @@ def trace_file(log_dir) -> Path:
     The newest run folder's ``perfetto_trace.json.gz``, or its ``*.trace.json.gz`` where the
     Perfetto file was not asked for.
     """
-    log_dir = _path(log_dir, "log_dir", "the folder given to jax.profiler.trace")
+    log_dir = validate.path(
+        log_dir, "log_dir", "the folder given to jax.profiler.trace", error=TraceError
+    )
     root = log_dir / "plugins" / "profile"
     try:
         runs = sorted(root.glob("*/"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
@@ -154,23 +155,6 @@ def trace_file(log_dir) -> Path:
         if files:
             return files[0]
     raise TraceError(f"{newest} holds no trace.json.gz: the profile was not exported as JSON.")
-
-
-def _path(value, what: str, example: str) -> Path:
-    """A path as ``str`` or ``pathlib.Path``; anything else refused before ``pathlib`` sees it."""
-    try:
-        path = os.fspath(value) if isinstance(value, os.PathLike) else value
-    except Exception:  # noqa: BLE001 - a path object of the reader's whose __fspath__ fails
-        path = None
-    path = validate.plain(path)
-    if not isinstance(path, str) or not path.strip():
-        raise TraceError(
-            f"{what} must be a path, a str or pathlib.Path naming {example}, not "
-            f"{validate.describe(value)}."
-        )
-    if "\0" in path:
-        raise TraceError(f"{what} holds a NUL character, which no path can; check the path.")
-    return Path(path)
 
 
 def _shown(path: Path) -> str:
@@ -272,7 +256,7 @@ def read(path) -> Trace:
     carry a finite ``ts`` and ``dur`` and whole ordinals and step numbers; one that does not is
     refused, naming its field, rather than read as a wrong time. Other events are skipped.
     """
-    path = _path(path, "The trace", "a trace file or a profile folder")
+    path = validate.path(path, "The trace", "a trace file or a profile folder", error=TraceError)
     try:
         if path.is_dir():
             path = trace_file(path)

@@ -328,6 +328,24 @@ def name(value, what: str, *, error: type[ReaderError] = ReaderError) -> str:
     return str.__str__(value)
 
 
+def path(value, what: str, example: str, *, error: type[ReaderError] = ReaderError):
+    """A path as ``str`` or ``pathlib.Path``; anything else refused before ``pathlib`` sees it."""
+    from pathlib import Path
+
+    try:
+        text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    except Exception:  # noqa: BLE001 - a path object of the reader's whose __fspath__ fails
+        text = None
+    text = plain(text)
+    if not isinstance(text, str) or not text.strip():
+        raise error(
+            f"{what} must be a path, a str or pathlib.Path naming {example}, not {describe(value)}."
+        )
+    if "\0" in text:
+        raise error(f"{what} holds a NUL character, which no path can; check the path.")
+    return Path(text)
+
+
 def choice(value, options: Sequence[str], what: str, *, error: type[ReaderError] = ReaderError):
     """One of ``options`` (strings), compared as text: a list or an unhashable value is refused."""
     if isinstance(value, str) and str.__str__(value) in options:

@@ -91,3 +91,40 @@ def test_the_stored_gpu_trace_reads_as_kernels_of_one_device():
     assert all(step.start <= op.start and op.end <= step.end for op in run)
     kinds = {measured.kernel_kind(op.kernel) for op in run}
     assert kinds == {"matmul", "copy", "scatter", "other"}
+
+
+def finished_run():
+    return json.loads(measured.RESULTS.read_text())
+
+
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        (42, "path must be a path"),
+        ("", "path must be a path"),
+        ("a\0b", "NUL character"),
+        ("no-such.json", "There is no file"),
+        (".", "cannot be read as JSON"),
+        ("not json", "cannot be read as JSON"),
+        ([], "holds no finished run"),
+        ({"machine": {}, "kernels": {}, "train": {}}, "(peaks missing or failed)"),
+        ({**finished_run(), "train": {"error": "out of memory"}}, "(train missing or failed)"),
+    ],
+)
+def test_a_file_that_is_no_finished_run_is_refused_in_one_sentence(tmp_path, given, words):
+    if isinstance(given, (list, dict)):
+        (tmp_path / "run.json").write_text(json.dumps(given))
+        given = tmp_path / "run.json"
+    elif given == "not json":
+        (tmp_path / "run.json").write_bytes(b"\xff{")
+        given = tmp_path / "run.json"
+    with pytest.raises(measured.MeasurementError) as caught:
+        measured.load(tmp_path / given if given in (".", "no-such.json") else given)
+    message = str(caught.value)
+    assert words in message and "\n" not in message and message.endswith("."), message
+
+
+def test_kernel_kind_takes_a_name_only():
+    assert measured.kernel_kind("nvjet_sm90_tst_128x256") == "matmul"
+    with pytest.raises(measured.MeasurementError, match="as text"):
+        measured.kernel_kind(7)
