@@ -44,7 +44,7 @@ def styled(body: str) -> str:
     """HTML that carries the book's stylesheet: the one place an output embeds it."""
     if not isinstance(body, str):
         raise DisplayError(f"body must be HTML text, not {validate.describe(body)}.")
-    return f"<style>{STYLESHEET}</style>{body}"
+    return f"<style>{STYLESHEET}</style>" + validate.plain(body)
 
 
 class Rendered:
@@ -339,8 +339,8 @@ def hlo_graph(compiled, *, title: str | None = None) -> Diagram:
     Collectives are red and carry their bytes and groups, fusions are yellow and name what
     they merge, parameters are blue and named after the function's arguments.
     """
-    flow = hlo.dataflow(compiled)
-    graph = _digraph("hlo", "dot", _title(title), fontsize="11")
+    flow, title = hlo.dataflow(compiled), _title(title)
+    graph = _digraph("hlo", "dot", title, fontsize="11")
     graph.attr("edge", color="#555555")
     lines = [title] if title else []
     for k, node in enumerate(flow.nodes):

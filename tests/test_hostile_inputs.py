@@ -147,6 +147,14 @@ def test_a_subclass_whose_methods_fail_is_read_for_what_it_holds():
     assert "a" in ring.text
     before = display.before_after_table(lying("list", [np.ones(1)]), [np.zeros(1)])
     assert "device 0" in before.text
+    program = jax.jit(lambda x: x + 1).lower(1.0).compile()
+    assert display.hlo_graph(program, title=lying("text", "t")).text.startswith("t\n")
+
+    class Unformatted(str):
+        def __format__(self, spec):
+            raise RuntimeError("format")
+
+    assert display.styled(Unformatted("<b>x</b>")).endswith("<b>x</b>")
 
 
 def test_data_fields_folders_and_indices_are_read_for_what_they_hold(tmp_path):
