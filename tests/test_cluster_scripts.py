@@ -356,21 +356,42 @@ def submit_deadlock(folder: Path) -> int:
     return int(out.split(";")[0])
 
 
+def submit_failing(folder: Path) -> int:
+    """Submit chapter 11's failing job from folder: two tasks of broken_worker.py, one of
+    which raises while the other waits for it in a collective, under JAX's defaults."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "broken_worker.py").write_text(written_files()["broken_worker.py"])
+    fail = folder / "fail.sbatch"
+    fail.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --job-name=ch11-test-fail\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+        "#SBATCH --time=2\n#SBATCH --output=%x-%j.out\n"
+        f"export {CPU_GLOO.replace(',', ' ')}\n"
+        f"srun --label --kill-on-bad-exit=1 {sys.executable} broken_worker.py\n"
+    )
+    out = book.slurm.run(["sbatch", "--parsable", f"--chdir={folder}", str(fail)])
+    return int(out.split(";")[0])
+
+
+SUBMITTERS = {"deadlock": submit_deadlock, "failing": submit_failing}
+
+
 @pytest.mark.slow
 @pytest.mark.early
 @cluster
-def test_a_deadlocked_job_is_submitted_before_the_chapters(run_folder):
-    """The deadlocked job's minute passes while the chapters run (conftest runs this first);
-    the test below reads how it ended."""
-    job_id = submit_deadlock(run_folder / "deadlock")
-    assert book.slurm.job(job_id)["JobState"] not in {"FAILED", "CANCELLED", "NODE_FAIL"}
-    (run_folder / "deadlock" / "job").write_text(str(job_id))
+def test_the_slow_jobs_are_submitted_before_the_chapters(run_folder):
+    """The deadlocked job's minute and the failing job's wait for gloo pass while the
+    chapters run (conftest runs this first); the test below reads how they ended."""
+    for name, submit in SUBMITTERS.items():
+        job_id = submit(run_folder / name)
+        assert book.slurm.job(job_id)["JobState"] not in {"FAILED", "CANCELLED", "NODE_FAIL"}
+        (run_folder / name / "job").write_text(str(job_id))
 
 
-def early_deadlock(run_folder: Path) -> int | None:
-    """The deadlocked job submitted at the start of this run, while Slurm keeps its record."""
+def early_job(run_folder: Path, name: str) -> int | None:
+    """The job submitted at the start of this run, while Slurm keeps its record."""
     try:
-        job_id = int((run_folder / "deadlock" / "job").read_text())
+        job_id = int((run_folder / name / "job").read_text())
         return job_id if book.slurm.job(job_id).get("JobState") else None
     except (OSError, book.slurm.SlurmError):
         return None
@@ -384,28 +405,24 @@ def test_on_slurm_jax_defaults_wait_for_gloo_and_a_hung_job_for_its_time_limit(
     """What chapter 11 says but cannot wait for: under JAX's defaults a task that raises ends
     its job only when gloo gives up on the collective the others wait in (about 30 s), and a
     deadlocked job ends at its --time, which Slurm counts in whole minutes and checks every so
-    often. The deadlocked job is the one submitted at the start of the run, or, where that
-    one is not on record, one submitted now, beside the failing one; both are cancelled if
-    they outlive the test."""
-    (tmp_path / "broken_worker.py").write_text(written_files()["broken_worker.py"])
-    command = ["srun", f"--job-name=ch11-test-{os.getpid()}-fail", "--nodes=2"]
-    command += ["--ntasks-per-node=1", "--time=2", "--label", "--kill-on-bad-exit=1"]
-    failing = subprocess.Popen(
-        [*command, f"--export=ALL,{CPU_GLOO}", sys.executable, "broken_worker.py"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    hang_id, folder = early_deadlock(run_folder), run_folder / "deadlock"
+    often. Each job is the one submitted at the start of the run, or, where that one is not
+    on record, one submitted now; both are cancelled if they outlive the test."""
+    jobs = {}
     try:
-        if hang_id is None:  # run alone, or the early job's record is gone
-            hang_id, folder = submit_deadlock(tmp_path / "deadlock"), tmp_path / "deadlock"
-        log = failing.communicate(timeout=120)[0]
-        ended = time.time()
+        for name, submit in SUBMITTERS.items():
+            job_id, folder = early_job(run_folder, name), run_folder / name
+            if job_id is None:  # run alone, or the early job's record is gone
+                job_id, folder = submit(tmp_path / name), tmp_path / name
+            jobs[name] = job_id, folder
+        fail_id, folder = jobs["failing"]
+        facts = book.slurm.wait(fail_id, timeout=120)
+        log = (folder / f"ch11-test-fail-{fail_id}.out").read_text()
         raised = float(re.search(r"fails at: ([\d.]+)", log).group(1))
-        assert 25 < ended - raised < 60, log  # gloo's 30 s set-up timeout
-        assert "FileNotFoundError" in log
+        # Slurm's end time is in whole seconds: the task ended within the second after it.
+        ended = time.mktime(time.strptime(facts["EndTime"], "%Y-%m-%dT%H:%M:%S"))
+        assert 24 < ended - raised < 60, log  # gloo's 30 s set-up timeout
+        assert "FileNotFoundError" in log and facts["JobState"] == "FAILED"
+        hang_id, folder = jobs["deadlock"]
         facts = book.slurm.wait(hang_id, timeout=240)
         assert facts["TimeLimit"] == "00:01:00"  # --time=0:10, rounded up to a minute
         assert facts["JobState"] == "TIMEOUT" and facts["Reason"] == "TimeLimit"
@@ -418,7 +435,5 @@ def test_on_slurm_jax_defaults_wait_for_gloo_and_a_hung_job_for_its_time_limit(
         output = (folder / f"ch11-test-hang-{hang_id}.out").read_text()
         assert "gathering x (an all-gather)" in output and "TIME LIMIT" in output
     finally:
-        failing.kill()
-        failing.communicate()
-        if hang_id is not None:
-            book.slurm.cancel(hang_id)
+        for job_id, _ in jobs.values():
+            book.slurm.cancel(job_id)
