@@ -273,13 +273,16 @@ def gpu_section() -> list[str]:
 
 
 def _notebook(text: str) -> Path:
-    """A notebook that exists, checked before a kernel is started for it."""
+    """A notebook that exists and reads as one, checked before a kernel is started for it."""
+    import nbformat
+
     try:
         found = Path(text).is_file() and text.endswith(".ipynb")
-    except (OSError, ValueError):  # a name too long, or one holding NUL
+        found = found and bool(nbformat.read(text, as_version=4))
+    except (OSError, ValueError, nbformat.ValidationError):  # too long, NUL, not a notebook
         found = False
     if not found:
-        raise argparse.ArgumentTypeError(f"there is no notebook {text[:120]!r}")
+        raise argparse.ArgumentTypeError(f"no notebook can be read from {text[:120]!r}")
     return Path(text)
 
 

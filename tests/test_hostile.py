@@ -431,15 +431,23 @@ def test_checkers_run_under_the_books_settings(readers_settings, monkeypatch):
         ["--out", "/dev/stdout"],
         ["--one", "/no/such/notebook.ipynb"],
         ["--one", __file__],
+        ["--one", "not-json.ipynb"],
+        ["--one", "no-cells.ipynb"],
     ],
-    ids=["missing folder", "proc", "a folder", "too long", "a terminal", "no notebook", "a .py"],
-)
-def test_a_bad_flag_to_the_benchmark_is_refused_before_any_timing(flags):
+    ids=[
+        "missing folder", "proc", "a folder", "too long", "a terminal", "no notebook", "a .py",
+        "not JSON", "no cells",
+    ],
+)  # fmt: skip
+def test_a_bad_flag_to_the_benchmark_is_refused_before_any_timing(flags, tmp_path):
     """Refused by argparse in one line, not by a traceback after minutes of chapters."""
     bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+    (tmp_path / "not-json.ipynb").write_text("cells")
+    (tmp_path / "no-cells.ipynb").write_text("{}")
     done = subprocess.run(
-        [sys.executable, str(bench), *flags], capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, str(bench), *flags],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
     assert done.returncode == 2 and not done.stdout, done.stdout[-500:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("bench.py: error: argument") and len(last) < 300, done.stderr[-500:]
