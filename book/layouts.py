@@ -289,10 +289,11 @@ def remember(programs: dict) -> None:
     ``BATCH`` sequences of ``SEQ`` tokens; one whose inputs or shardings differ is not used,
     and ``analyze`` compiles its own.
     """
+    given, programs = programs, validate.plain_mapping(programs)
     if not isinstance(programs, dict):
         raise specs.SpecError(
             "programs must be a dict from (table, mesh shape) to a compiled step, not "
-            f"{validate.describe(programs)}."
+            f"{validate.describe(given)}."
         )
     for key, compiled in programs.items():
         if not (isinstance(key, tuple) and len(key) == 2):

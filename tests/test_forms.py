@@ -164,6 +164,25 @@ def test_strategy_odd_arguments_give_one_sentence():
     assert "digits 0 to 9" in forms.render_strategy("DP", "8", batch="²")
 
 
+@pytest.mark.parametrize("shape", [(8, 4), 8, ["(8, 4)"]])
+def test_a_shape_that_is_not_text_gets_one_sentence_before_any_widget(shape):
+    from book.specs import SpecError
+
+    with pytest.raises(SpecError, match="as text"):
+        forms.sharding_explorer(shape)
+
+
+def test_the_static_explorer_reads_a_text_subclass_for_what_it_holds():
+    class Unformatted(str):
+        def __format__(self, spec):
+            raise RuntimeError("format")
+
+    def page(shape):
+        return re.sub(r"bk-form-\w+", "", forms.static_sharding_explorer(shape))
+
+    assert page(Unformatted("(8,)")) == page("(8,)")
+
+
 def test_the_static_explorer_refuses_ranks_it_cannot_prerender():
     from book.specs import SpecError
 

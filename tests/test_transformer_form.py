@@ -3,6 +3,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 from hostile_values import lying
 
@@ -44,6 +45,9 @@ def test_mesh_axes_reads_a_dict_subclass_for_what_it_holds():
         (lambda: layouts.remember({("DP",): 1}), "is a (table, mesh shape) pair"),
         (lambda: layouts.remember({"DP": 1}), "is a (table, mesh shape) pair"),
         (lambda: layouts.check("TP + SP", "8", 8, 15), "seq dimension of the residual stream"),
+        (lambda: layouts.remember(lying("dict", {"DP": 1})), "is a (table, mesh shape) pair"),
+        (lambda: forms.transformer_explorer(lying("list", [1])), "must be a dict"),
+        (lambda: forms.transformer_explorer(np.zeros(2)), "must be a dict"),
     ],
 )
 def test_bad_calls_of_the_helpers_give_one_sentence(call, sentence):

@@ -126,6 +126,7 @@ def static_sharding_explorer(array_shape: str = "(8, 4)") -> str:
     import jax
 
     shape = specs.parse_shape(array_shape)
+    array_shape = validate.plain(array_shape)  # the text itself, whatever a subclass redefines
     rank = len(shape)
     if rank > STATIC_RANK:
         raise specs.SpecError(
@@ -161,7 +162,8 @@ def sharding_explorer(array_shape: str = "(8, 4)") -> static_forms.Form:
 
     A kernel shows the live widget; the online book shows the pre-rendered twin.
     """
-    return static_forms.Form(_widget(array_shape), static_sharding_explorer(array_shape))
+    static = static_sharding_explorer(array_shape)  # checks the shape before a widget holds it
+    return static_forms.Form(_widget(validate.plain(array_shape)), static)
 
 
 def _widget(array_shape: str):

@@ -144,7 +144,7 @@ def transformer_explorer(programs: dict | None = None) -> static_forms.Form:
     """
     from book import layouts
 
-    layouts.remember(programs or {})
+    layouts.remember({} if programs is None else programs)
     return static_forms.Form(_widget(), static_transformer_explorer())
 
 
