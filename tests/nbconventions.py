@@ -6,10 +6,14 @@ finding is one line naming the notebook, the cell and the rule.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import re
 import sys
 from pathlib import Path
+
+import book.display
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +68,33 @@ FOLDED = {"hide-input", "remove-input", "hide-cell", "remove-cell"}
 MYST_ONLY = re.compile(r"^\s*(?::{3,}|`{3,})\s*\{[\w-]+\}|\{[\w-]+\}`|^\(\S+\)=\s*$", re.M)
 
 
+# book.display's functions that return what a notebook shows (a Rendered table or diagram):
+# read from the module, so that a new one is checked too.
+RENDERERS = {
+    name
+    for name, f in inspect.getmembers(book.display, inspect.isfunction)
+    if str(inspect.signature(f).return_annotation) in ("Rendered", "Diagram")
+}
+
+
+def _unshown_renders(src: str):
+    """Lines of book.display calls whose table or diagram a notebook discards: only a cell's
+    last top-level expression is displayed, so one inside a block or before it shows nothing."""
+    if src.lstrip().startswith("%%"):
+        return
+    text = "\n".join("" if line.lstrip()[:1] in "%!" else line for line in src.splitlines())
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return
+    last = tree.body[-1] if tree.body else None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and node is not last and isinstance(node.value, ast.Call):
+            func = ast.unparse(node.value.func)
+            if func.startswith("book.display.") and func.split(".")[-1] in RENDERERS:
+                yield node.lineno, func
+
+
 def check_notebook(path: Path) -> list[str]:
     nb = json.loads(path.read_text())
     cells = nb["cells"]
@@ -83,6 +114,11 @@ def check_notebook(path: Path) -> list[str]:
             for pattern, why in STALE:
                 if re.search(pattern, line):
                     found.append(f"{path.name}: cell {i}: `{line.strip()[:60]}`: {why}")
+        for line, func in _unshown_renders(src):
+            found.append(
+                f"{path.name}: cell {i}, line {line}: {func}(...) is never shown (only a "
+                "cell's last top-level expression is): wrap it in display(...)"
+            )
         for call in _make_mesh_calls(src):
             if "axis_types" not in call:
                 found.append(f"{path.name}: cell {i}: jax.make_mesh without axis_types")

@@ -121,3 +121,19 @@ def test_pages_over_their_limits_are_caught(tmp_path):
     nb["cells"][2]["metadata"]["tags"] = ["hide-input"]  # folded proofs do not count
     path.write_text(json.dumps(nb))
     assert "visible code" not in "\n".join(check_notebook(path))
+
+
+@pytest.mark.parametrize(
+    "cell, shown",
+    [
+        ("book.display.table(['a'], [[1]])", True),  # the cell's last expression
+        ("display(book.display.table(['a'], [[1]]))", True),
+        ("if True:\n    book.display.table(['a'], [[1]])", False),
+        ("book.display.table(['a'], [[1]])\nx = 1", False),
+        ("for k in (1, 2):\n    book.display.collective_table(k)", False),
+        ("book.display.timeline(ops, kinds)\nplt.show()", True),  # draws a figure
+    ],
+)
+def test_a_table_a_notebook_would_not_show_is_caught(tmp_path, cell, shown):
+    found = check_notebook(write(tmp_path, "01_x.ipynb", [good_setup(), cell]))
+    assert (found == []) is shown, found
