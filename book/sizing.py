@@ -460,11 +460,31 @@ def _comm_seconds(collectives, links, kinds) -> dict[str, float]:
 
 def _links(layout: dict, inner_to_outer: tuple, hardware: Hardware) -> dict:
     """Each kind's link: the fast one while its devices and those of the axes inside it fit in
-    one fast domain, the slow one beyond."""
+    one fast domain, the slow one beyond.
+
+    A slow link's bandwidth is a device's share of its domain's: where the axes inside fill
+    the domain, each device's ring crosses on its own share (a GPU's network card); where
+    they leave room, the axis holds ``domain / inside`` devices of each domain, and its
+    collectives cross on all of their shares at once (NCCL's rings, one per card: the
+    domain's egress over the groups inside), but never faster than the fast links its rings
+    also run through. Then one hop of the ring in ``domain / inside`` leaves the domain: a
+    hop's latency is the average of that one slow hop and the fast rest.
+    """
     inside, out = 1, {}
     for kind in inner_to_outer:
+        shares = max(1, hardware.domain // inside)  # this axis's devices in one domain
         inside *= layout[kind]
-        out[kind] = hardware.fast if inside <= hardware.domain else hardware.slow
+        if inside <= hardware.domain:
+            out[kind] = hardware.fast
+        elif shares == 1:
+            out[kind] = hardware.slow
+        else:
+            fast, slow = hardware.fast.hop_latency, hardware.slow.hop_latency
+            out[kind] = replace(
+                hardware.slow,
+                bandwidth=min(hardware.slow.bandwidth * shares, hardware.fast.bandwidth),
+                hop_latency=(slow + (shares - 1) * fast) / shares,
+            )
     return out
 
 

@@ -432,3 +432,21 @@ def test_a_torus_that_cannot_be_is_refused_in_one_sentence(chip, torus):
     dcn = sizing.plan(LLAMA_70B, dp=2, fsdp=4096, global_batch=8192, seq=64)
     with pytest.raises(ReaderError, match="DCN"):
         dcn.seconds("TPU v5p", torus={"dp": 2})
+
+
+def test_an_axis_crossing_domains_uses_the_links_the_axes_inside_leave_it():
+    h100, v5e = sizing.HARDWARE["H100"], sizing.HARDWARE["TPU v5e"]
+    for tp, cards in ((1, 8), (2, 4), (8, 1)):  # FSDP's devices on each 8-GPU board
+        p = sizing.plan(LLAMA_70B, fsdp=1024 // tp, tp=tp, global_batch=1024, seq=64)
+        link = p.links(h100)["fsdp"]
+        assert link.name == "InfiniBand" and link.bandwidth == cards * h100.slow.bandwidth
+        # One hop in `cards` leaves the board; the others run over NVLink.
+        hops = (h100.slow.hop_latency + (cards - 1) * h100.fast.hop_latency) / cards
+        assert link.hop_latency == pytest.approx(hops)
+    # A ring through a slice never runs faster than its ICI, however wide the DCN.
+    p = sizing.plan(LLAMA_8B, fsdp=512, global_batch=1024, seq=64)
+    assert p.links(v5e)["fsdp"].name == "DCN"
+    assert p.links(v5e)["fsdp"].bandwidth == v5e.fast.bandwidth < 256 * v5e.slow.bandwidth
+    assert sizing.plan(LLAMA_8B, tp=8, dp=2, global_batch=64, seq=64).links(h100)["dp"] is (
+        h100.slow
+    )
