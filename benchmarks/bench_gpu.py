@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dry", action="store_true", help="CPU, tiny sizes: a test run")
     out_help = f"default: {STORED} (--dry: a temporary file)"
     parser.add_argument("--out", type=_report_file, help=out_help)
-    parser.add_argument("--keep", type=Path, help="a folder for the step's trace and HLO")
+    parser.add_argument("--keep", help="a folder for the step's trace and HLO")
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     size = "dry" if args.dry else "full"
@@ -332,13 +332,15 @@ def main(argv=None) -> int:
         print(json.dumps(PARTS[args.part](size)))
         return 0
     try:  # the trace and HLO are written minutes from now: the folder is tried first
+        if args.keep is not None and not args.keep.strip():
+            raise ValueError("an empty name is no folder")
         with tempfile.TemporaryFile(dir=args.keep or "."):
             pass
     except (OSError, ValueError):
-        parser.error(f"--keep: cannot write in {args.keep}; name a folder that exists")
+        parser.error(f"--keep: cannot write in {args.keep!r}; name a folder that exists")
     results = {"machine": machine(), "dry": args.dry}
     for name in PARTS:
-        results[name] = run_part(name, size, args.keep)
+        results[name] = run_part(name, size, args.keep and Path(args.keep))
         print(f"{name}: {'failed' if 'error' in results[name] else 'done'}", file=sys.stderr)
         kind = results.get("kernels", {}).get("device_kind")
         results["machine"]["peaks"] = peaks(kind) if kind else None

@@ -44,7 +44,7 @@ def test_the_dry_run_measures_every_part_on_the_cpu(tmp_path):
 
 BAD_FLAGS = [
     *(["--out", out] for out in ["no/gpu.json", "", ".", "/proc/gpu.json", "a" * 300]),
-    *(["--keep", keep] for keep in ["no", "/proc", "/dev/null"]),
+    *(["--keep", keep] for keep in ["no", "/proc", "/dev/null", "", " "]),
 ]
 
 
