@@ -292,6 +292,10 @@ def _report_file(text: str) -> Path:
     try:  # a file made in its folder and removed at once: os.access says yes to /proc
         with tempfile.TemporaryFile(dir=path.parent):
             usable = path.is_file() or not path.exists()  # not a folder, a pipe, a terminal
+        # A link to nowhere (or to itself) does not exist yet cannot be made; a file that
+        # exists must be one this user can replace.
+        usable = usable and not (path.is_symlink() and not path.exists())
+        usable = usable and (not path.exists() or os.access(path, os.W_OK))
     except (OSError, ValueError):  # no such folder, a name too long, or one holding NUL
         usable = False
     if not usable:

@@ -429,13 +429,16 @@ def test_checkers_run_under_the_books_settings(readers_settings, monkeypatch):
         ["--out", "/"],
         ["--out", "x" * 5000],
         ["--out", "/dev/stdout"],
+        ["--out", "loop.md"],
+        ["--out", "dangling.md"],
         ["--one", "/no/such/notebook.ipynb"],
         ["--one", __file__],
         ["--one", "not-json.ipynb"],
         ["--one", "no-cells.ipynb"],
     ],
     ids=[
-        "missing folder", "proc", "a folder", "too long", "a terminal", "no notebook", "a .py",
+        "missing folder", "proc", "a folder", "too long", "a terminal", "a link to itself",
+        "a link to nowhere", "no notebook", "a .py",
         "not JSON", "no cells",
     ],
 )  # fmt: skip
@@ -444,6 +447,8 @@ def test_a_bad_flag_to_the_benchmark_is_refused_before_any_timing(flags, tmp_pat
     bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
     (tmp_path / "not-json.ipynb").write_text("cells")
     (tmp_path / "no-cells.ipynb").write_text("{}")
+    (tmp_path / "loop.md").symlink_to("loop.md")
+    (tmp_path / "dangling.md").symlink_to("/no/such/folder/BENCHMARKS.md")
     done = subprocess.run(
         [sys.executable, str(bench), *flags],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
