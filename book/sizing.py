@@ -401,7 +401,9 @@ class Plan:
 
         Each mesh axis gets one ring; ``torus`` ({kind: dimensions}, such as ``{"fsdp": 2}``)
         lays an axis on the fast links over that many dimensions of a TPU's torus, each with
-        a ring of its own, and so multiplies its bandwidth by as many.
+        a ring of its own, and so multiplies its bandwidth by as many. Each dimension must be
+        the axis's whole, with its wraparound links (a group shorter than the torus has none),
+        and the axes together span at most the torus's dimensions.
         """
         hardware = _chip(hardware)
         links = self.links(hardware)
@@ -419,9 +421,10 @@ def _torus(torus, hardware: Hardware, links: dict, layout: dict) -> dict[str, in
     """``torus`` checked: kinds of axis on the fast links, each over a number of dimensions."""
     if torus is None:
         return {}
+    given, torus = torus, validate.plain_mapping(torus)
     if not isinstance(torus, dict):
         raise SizingError(
-            f'torus must be a dict such as {{"fsdp": 2}}, not {validate.describe(torus)}.'
+            f'torus must be a dict such as {{"fsdp": 2}}, not {validate.describe(given)}.'
         )
     out = {}
     for kind, dims in torus.items():
@@ -444,6 +447,11 @@ def _torus(torus, hardware: Hardware, links: dict, layout: dict) -> dict[str, in
                 "give it fewer."
             )
         out[kind] = dims
+    if sum(out.values()) > hardware.torus_dims:
+        raise SizingError(
+            f"{hardware.name}'s torus has {hardware.torus_dims} dimensions, and {torus} asks "
+            f"for {sum(out.values())}; give the axes at most that many together."
+        )
     return out
 
 

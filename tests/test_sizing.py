@@ -422,6 +422,7 @@ def test_an_ici_axis_over_several_torus_dimensions_sends_that_much_faster():
         ("TPU v5p", {"model": 2}),
         ("TPU v5p", [("fsdp", 2)]),
         ("TPU v5p", {"fsdp": True}),
+        ("TPU v5p", {"fsdp": 3, "tp": 2}),  # the same links counted twice
     ],
 )
 def test_a_torus_that_cannot_be_is_refused_in_one_sentence(chip, torus):
@@ -432,6 +433,16 @@ def test_a_torus_that_cannot_be_is_refused_in_one_sentence(chip, torus):
     dcn = sizing.plan(LLAMA_70B, dp=2, fsdp=4096, global_batch=8192, seq=64)
     with pytest.raises(ReaderError, match="DCN"):
         dcn.seconds("TPU v5p", torus={"dp": 2})
+
+
+def test_a_torus_of_a_dict_subclass_is_read_for_what_it_holds():
+    class Lying(dict):
+        def items(self):
+            raise RuntimeError("items")
+
+    p = sizing.plan(LLAMA_70B, fsdp=1024, tp=4, global_batch=1024, seq=4096)
+    same = p.seconds("TPU v5p", torus=Lying(fsdp=2))
+    assert same == p.seconds("TPU v5p", torus={"fsdp": 2})
 
 
 def test_an_axis_crossing_domains_uses_the_links_the_axes_inside_leave_it():
