@@ -165,15 +165,19 @@ class Collective:
 
 
 def _number(value, name, example, *, zero=False):
-    """A finite real number of at least 1 (or at least zero), or SizingError in one sentence.
+    """A rate or size from 1 to 1e30, or a latency (``zero``) from 0 to an hour, or
+    SizingError in one sentence.
 
-    A rate or a size below 1 (a chip of 1e-300 FLOP/s) would make every time infinite.
+    A rate below 1 (a chip of 1e-300 FLOP/s) would make every time infinite, and one near
+    the largest float makes a layout's total overflow, so that compute takes 0 seconds; a
+    hop longer than an hour is no link.
     """
     low = 0 if zero else 1
     return validate.number(
         value,
         name,
         low=low,
+        high=validate.MAX_SECONDS if zero else 1e30,
         wanted=f"a number of at least {low} such as {example}",
         error=SizingError,
     )

@@ -315,6 +315,9 @@ H100 = sizing.HARDWARE["H100"]
         (None, {"hop_latency": -1}),
         (None, {"hop_latency": float("nan")}),
         (None, {"hop_latency": True}),
+        ({"peak_flops": 1e308}, None),  # 8 chips' total overflows: compute in 0 seconds
+        (None, {"bandwidth": 1e300}),
+        (None, {"hop_latency": 1e308}),  # every collective would take forever
     ],
 )
 def test_hardware_and_links_refuse_what_no_chip_has(chip, link):
