@@ -10,6 +10,7 @@ the book's build reads the stored numbers and says where and when they were take
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from book.lessons.transformer import Config
 
 FOLDER = Path(__file__).parent / "measurements"
 RESULTS, TRACE = FOLDER / "gpu.json", FOLDER / "gpu_trace.json.gz"
+MAX_BYTES = 2**24  # far more than bench_gpu.py writes
 STEP = FOLDER / "gpu_step.hlo.gz"  # the profiled step as XLA compiled it, gzipped HLO text
 # Kernels whose names mark them as matrix products: cuBLAS's (nvjet_* on Hopper, *gemm*
 # elsewhere), CUTLASS's, and XLA's own Triton GEMM fusions (gemm_fusion_dot*).
@@ -177,7 +179,13 @@ def load(path: Path = RESULTS) -> Measurement | None:
     path = validate.path(path, "path", "the --out of bench_gpu.py", error=MeasurementError)
     shown = validate.describe(str(path), 120)
     try:
+        found = path.stat()  # a pipe or /dev/zero would be read forever, a run is 14 kB
+        if not stat.S_ISREG(found.st_mode) or found.st_size > MAX_BYTES:
+            why = "not a regular file" if not stat.S_ISREG(found.st_mode) else "too large"
+            raise MeasurementError(f"{shown} cannot be read as JSON ({why}).")
         data = json.loads(path.read_text())
+    except MeasurementError:
+        raise
     except FileNotFoundError:
         if given is RESULTS:
             return None

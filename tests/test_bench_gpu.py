@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,9 @@ def finished_run():
         ([], "holds no finished run"),
         ({"machine": {}, "kernels": {}, "train": {}}, "(peaks missing or failed)"),
         ({**finished_run(), "train": {"error": "out of memory"}}, "(train missing or failed)"),
+        ("/dev/zero", "(not a regular file)"),  # read forever, until memory runs out
+        ("pipe", "(not a regular file)"),  # waits forever for a writer
+        ("large", "(too large)"),
     ],
 )
 def test_a_file_that_is_no_finished_run_is_refused_in_one_sentence(tmp_path, given, words):
@@ -117,6 +121,13 @@ def test_a_file_that_is_no_finished_run_is_refused_in_one_sentence(tmp_path, giv
         given = tmp_path / "run.json"
     elif given == "not json":
         (tmp_path / "run.json").write_bytes(b"\xff{")
+        given = tmp_path / "run.json"
+    elif given == "pipe":
+        os.mkfifo(tmp_path / "run.json")
+        given = tmp_path / "run.json"
+    elif given == "large":
+        with open(tmp_path / "run.json", "wb") as f:
+            f.truncate(measured.MAX_BYTES + 1)
         given = tmp_path / "run.json"
     with pytest.raises(measured.MeasurementError) as caught:
         measured.load(tmp_path / given if given in (".", "no-such.json") else given)
