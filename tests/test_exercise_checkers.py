@@ -64,6 +64,9 @@ def test_ch02_predict():
 def test_ch02_rows_on_device_1():
     assert exercises.ch02_rows_on_device_1([2]).ok
     rejected(exercises.ch02_rows_on_device_1([1]), "'model' as the major axis")
+    many = exercises.ch02_rows_on_device_1([8] * 10**6)  # named by its length, not printed
+    rejected(many, "1,000,000 rows")
+    assert len(many.message) < 300
 
 
 def test_ch02_spec_for_64_bytes():
