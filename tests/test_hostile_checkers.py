@@ -10,6 +10,7 @@ folder and environment, processes and threads started, an answer that never retu
 verdict everything is as it was.
 """
 
+import builtins
 import inspect
 import io
 import math
@@ -289,17 +290,21 @@ def test_a_checkers_scratch_folder_goes_when_the_answer_never_returns(short_limi
 
 def test_process_wide_python_settings_an_answer_changes_are_put_back():
     limit, filters, streams = sys.getrecursionlimit(), list(warnings.filters), sys.stdout
+    printer = builtins.print
 
     def step_flops(sizes):
         sys.setrecursionlimit(60)
         warnings.simplefilter("error")
         sys.stdout = io.StringIO()
+        builtins.print = lambda *args, **kwargs: None
+        builtins.answer_was_here = True
         return 1.0
 
     verdict = exercises.ch17_step_flops(step_flops)
     assert verdict.judged and not verdict.ok, verdict.message
     assert sys.getrecursionlimit() == limit and warnings.filters == filters
     assert sys.stdout is streams
+    assert builtins.print is printer and not hasattr(builtins, "answer_was_here")
     assert exercises.ch17_step_flops(lambda sizes: 1.0).judged  # the next check still runs
 
 

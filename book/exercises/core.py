@@ -13,6 +13,7 @@ of answer is named in one sentence rather than failing inside the checker.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import functools
@@ -308,9 +309,10 @@ class _World:
     folder and the environment are put back; the checker's scratch folders are removed; child
     processes started meanwhile are killed, with their own children; Python threads started
     meanwhile that run the reader's code are asked to stop. Python's own process-wide settings
-    an answer may change are put back too: the recursion limit, the warnings filters and the
-    standard streams. While the check runs, ``os._exit`` called from the reader's code raises
-    ``SystemExit`` in its thread instead of ending the kernel. Put back after the verdict
+    an answer may change are put back too: the recursion limit, the warnings filters, the
+    standard streams and the built-in names (``print`` replaced to silence it). While the
+    check runs, ``os._exit`` called from the reader's code raises ``SystemExit`` in its thread
+    instead of ending the kernel. Put back after the verdict
     whether the check finished or not, so nothing outlives a check that had to be abandoned.
 
     Processes are found as descendants of this one, so a process that has left the tree by the
@@ -340,6 +342,7 @@ class _World:
         self.recursion_limit = sys.getrecursionlimit()
         self.warnings = list(warnings.filters)
         self.streams = (sys.stdin, sys.stdout, sys.stderr)
+        self.builtins = dict(vars(builtins))
         self.exit = os._exit
         os._exit = _exit_in_thread(self.exit)
 
@@ -348,6 +351,10 @@ class _World:
 
         os._exit = self.exit
         sys.stdin, sys.stdout, sys.stderr = self.streams
+        names = vars(builtins)  # print or open replaced, or a name added, for every later cell
+        for name in set(names) - set(self.builtins):
+            names.pop(name, None)
+        names.update((k, v) for k, v in self.builtins.items() if names.get(k) is not v)
         with contextlib.suppress(Exception):
             sys.setrecursionlimit(self.recursion_limit)
         if warnings.filters != self.warnings:
