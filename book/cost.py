@@ -209,7 +209,14 @@ def collective_seconds(
         wanted="a number of seconds such as 1e-6",
         error=validate.BadValue,
     )
-    return steps * hop_latency + link_bytes / bandwidth
+    seconds = steps * hop_latency + link_bytes / bandwidth
+    if seconds == float("inf"):  # a bandwidth of 5e-324 or a latency of 1e308: no link
+        raise validate.BadValue(
+            f"A collective over this link takes longer than a float holds (bandwidth "
+            f"{validate.describe(bandwidth)}, hop_latency {validate.describe(hop_latency)}); "
+            "give bytes per second such as 450e9 and seconds such as 1e-6."
+        )
+    return seconds
 
 
 # Attention with its sequence split over n devices -------------------------------------------

@@ -90,6 +90,9 @@ def test_ring_steps_and_the_alpha_beta_time():
     assert book.cost.collective_seconds(1400, 0, bandwidth=100, hop_latency=1) == 14
     with pytest.raises(ValueError, match="bandwidth must be more than 0"):
         book.cost.collective_seconds(1400, 14, bandwidth=0, hop_latency=1)
+    for bandwidth, latency in ((5e-324, 1e-6), (450e9, 1e308)):  # no time a float holds
+        with pytest.raises(ValueError, match="longer than a float holds"):
+            book.cost.collective_seconds(1400, 14, bandwidth=bandwidth, hop_latency=latency)
 
 
 @pytest.mark.parametrize("n", [0, -1, 2.5, True])
