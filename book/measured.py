@@ -204,4 +204,11 @@ def load(path: Path = RESULTS) -> Measurement | None:
             f"{shown} holds no finished run of benchmarks/bench_gpu.py on an accelerator book."
             f"sizing has peaks for ({', '.join(unfinished) or 'peaks'} missing or failed)."
         )
+    chip = parts["machine"]["peaks"].get("chip")  # None: a GPU without a table entry, or --dry
+    if not (isinstance(chip, str) and chip in FLOAT32_PEAKS):
+        device = validate.describe(parts["kernels"].get("device_kind"))
+        raise MeasurementError(
+            f"{shown} holds a run on {device}, a device whose peaks book.sizing does not have; "
+            f"the book reads runs on {' or '.join(FLOAT32_PEAKS)} only."
+        )
     return Measurement(data)

@@ -110,6 +110,10 @@ def finished_run():
         ([], "holds no finished run"),
         ({"machine": {}, "kernels": {}, "train": {}}, "(peaks missing or failed)"),
         ({**finished_run(), "train": {"error": "out of memory"}}, "(train missing or failed)"),
+        (
+            {**finished_run(), "machine": {**finished_run()["machine"], "peaks": {"chip": None}}},
+            "a device whose peaks book.sizing does not have",
+        ),  # what a run on another GPU, or --dry, stores
         ("/dev/zero", "(not a regular file)"),  # read forever, until memory runs out
         ("pipe", "(not a regular file)"),  # waits forever for a writer
         ("large", "(too large)"),
