@@ -211,4 +211,12 @@ def load(path: Path = RESULTS) -> Measurement | None:
             f"{shown} holds a run on {device}, a device whose peaks book.sizing does not have; "
             f"the book reads runs on {' or '.join(FLOAT32_PEAKS)} only."
         )
-    return Measurement(data)
+    found = Measurement(data)
+    try:  # read once here, so a file edited by hand fails now, not in a chapter's table
+        found.provenance, found.matmuls(), found.streams(), found.model(), found.step()
+    except Exception as err:  # noqa: BLE001 - any field missing or of the wrong kind
+        raise MeasurementError(
+            f"{shown} is not a run as benchmarks/bench_gpu.py writes it ({type(err).__name__} "
+            "reading its fields); run it again, or load the stored one."
+        ) from None
+    return found

@@ -114,6 +114,14 @@ def finished_run():
             {**finished_run(), "machine": {**finished_run()["machine"], "peaks": {"chip": None}}},
             "a device whose peaks book.sizing does not have",
         ),  # what a run on another GPU, or --dry, stores
+        (
+            {"machine": {"peaks": {"chip": "H100"}}, "kernels": {}, "train": {}},
+            "is not a run as benchmarks/bench_gpu.py writes it (KeyError",
+        ),
+        (
+            {**finished_run(), "train": {**finished_run()["train"], "median_step_s": 0}},
+            "(ZeroDivisionError",
+        ),
         ("/dev/zero", "(not a regular file)"),  # read forever, until memory runs out
         ("pipe", "(not a regular file)"),  # waits forever for a writer
         ("large", "(too large)"),
