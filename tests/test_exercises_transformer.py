@@ -67,6 +67,13 @@ def test_rules_name_what_is_split_wrong(rules, words):
     rejected(exercises.ch13_fsdp_tp_rules(rules), words)
 
 
+def _nested(depth):
+    value = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 @pytest.mark.parametrize(
     "rules",
     [
@@ -79,11 +86,14 @@ def test_rules_name_what_is_split_wrong(rules, words):
         {("batch",): "data"},
         {"batch": object()},
         {"batch": float("nan")},
+        {"batch": ["data"] * 10**6},
+        {"batch": _nested(10**4)},  # its repr is past Python's recursion limit
     ],
 )
 def test_rules_never_raise_on_garbage(rules):
     verdict = exercises.ch13_fsdp_tp_rules(rules)
     assert not verdict.ok and "\n" not in verdict.message
+    assert verdict.judged and len(verdict.message) < 400, verdict.message
 
 
 def test_block_bytes_accepts_the_ring_bytes_of_four_all_reduces():

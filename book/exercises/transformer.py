@@ -67,7 +67,8 @@ def ch13_fsdp_tp_rules(rules):
         need(
             axes is None
             or (isinstance(listed, tuple) and all(a in ("data", "model") for a in listed)),
-            f"The rule for {name!r} names {axes!r}; this mesh has the axes 'data' and 'model'.",
+            f"The rule for {validate.describe(name)} names {validate.describe(axes)}; this mesh "
+            "has the axes 'data' and 'model'.",
         )
     right = {"batch": "data", "embed": "data", "heads": "model", "mlp": "model", "vocab": "model"}
     arrays = [
