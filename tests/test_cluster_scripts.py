@@ -336,41 +336,40 @@ cluster = pytest.mark.skipif(
 CPU_GLOO = "JAX_PLATFORMS=cpu,JAX_NUM_CPU_DEVICES=4,JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"
 
 
-def submit_deadlock(folder: Path) -> int:
-    """Submit chapter 11's deadlocked job from folder: two tasks of stuck_worker.py, which
-    wait in an all-gather one of them never joins, under a one-minute --time."""
+def submit(folder: Path, name: str, worker: str, time: str, run: str) -> int:
+    """Submit one of chapter 11's workers from folder as a 2-node batch job named
+    ch11-test-<name>, under --time, with run the srun line that starts it."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "stuck_worker.py").write_text(written_files()["stuck_worker.py"])
-    # stuck_worker.py reads its rank from JAX_* variables, as launch sets them: pass srun's.
-    hang = folder / "hang.sbatch"
-    hang.write_text(
+    (folder / worker).write_text(written_files()[worker])
+    script = folder / f"{name}.sbatch"
+    script.write_text(
         "#!/bin/bash\n"
-        "#SBATCH --job-name=ch11-test-hang\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
-        "#SBATCH --time=0:10\n#SBATCH --output=%x-%j.out\n"
-        f"export {CPU_GLOO.replace(',', ' ')} JAX_NUM_PROCESSES=2\n"
-        f"export JAX_COORDINATOR_ADDRESS=127.0.0.1:{book.multihost.free_port()}\n"
-        "srun --label bash -c 'JAX_PROCESS_ID=$SLURM_PROCID exec \"$0\" stuck_worker.py' "
-        f"{sys.executable}\n"
+        f"#SBATCH --job-name=ch11-test-{name}\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+        f"#SBATCH --time={time}\n#SBATCH --output=%x-%j.out\n"
+        f"export {CPU_GLOO.replace(',', ' ')}\n{run}\n"
     )
-    out = book.slurm.run(["sbatch", "--parsable", f"--chdir={folder}", str(hang)])
+    out = book.slurm.run(["sbatch", "--parsable", f"--chdir={folder}", str(script)])
     return int(out.split(";")[0])
+
+
+def submit_deadlock(folder: Path) -> int:
+    """Chapter 11's deadlocked job: two tasks of stuck_worker.py, which wait in an
+    all-gather one of them never joins, under a one-minute --time. stuck_worker.py reads
+    its rank from JAX_* variables, as launch sets them: srun's are passed on."""
+    port = book.multihost.free_port()
+    run = (
+        f"export JAX_NUM_PROCESSES=2 JAX_COORDINATOR_ADDRESS=127.0.0.1:{port}\n"
+        "srun --label bash -c 'JAX_PROCESS_ID=$SLURM_PROCID exec \"$0\" stuck_worker.py' "
+        f"{sys.executable}"
+    )
+    return submit(folder, "hang", "stuck_worker.py", "0:10", run)
 
 
 def submit_failing(folder: Path) -> int:
-    """Submit chapter 11's failing job from folder: two tasks of broken_worker.py, one of
-    which raises while the other waits for it in a collective, under JAX's defaults."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "broken_worker.py").write_text(written_files()["broken_worker.py"])
-    fail = folder / "fail.sbatch"
-    fail.write_text(
-        "#!/bin/bash\n"
-        "#SBATCH --job-name=ch11-test-fail\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
-        "#SBATCH --time=2\n#SBATCH --output=%x-%j.out\n"
-        f"export {CPU_GLOO.replace(',', ' ')}\n"
-        f"srun --label --kill-on-bad-exit=1 {sys.executable} broken_worker.py\n"
-    )
-    out = book.slurm.run(["sbatch", "--parsable", f"--chdir={folder}", str(fail)])
-    return int(out.split(";")[0])
+    """Chapter 11's failing job: two tasks of broken_worker.py, one of which raises while
+    the other waits for it in a collective, under JAX's defaults."""
+    run = f"srun --label --kill-on-bad-exit=1 {sys.executable} broken_worker.py"
+    return submit(folder, "fail", "broken_worker.py", "2", run)
 
 
 SUBMITTERS = {"deadlock": submit_deadlock, "failing": submit_failing}
