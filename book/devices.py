@@ -154,7 +154,8 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
     """Choose the devices for this kernel and configure JAX before its backend starts.
 
     Safe to call twice with the same ``n``. Called after JAX has started with other devices, it
-    raises ``SetupError`` with one sentence: restart the kernel.
+    raises ``SetupError`` with one sentence: restart the kernel. On mock devices it also turns
+    on ``set_fast_compiles``, which the chapters that time programs turn off again.
     """
     global _plan
     n = validate.whole(
@@ -187,6 +188,7 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
         jax.config.update("jax_num_cpu_devices", n)
         if plan.mock:
             jax.config.update("jax_platforms", "cpu")
+            set_fast_compiles(True)
     except RuntimeError:
         plan = _plan_from_running_backend(plan)
     _plan = plan
@@ -199,17 +201,41 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
     return plan
 
 
+def set_fast_compiles(on: bool) -> None:
+    """Let XLA spend little effort optimizing (or, turned off, full effort), here and below.
+
+    On mock devices the book's programs are tiny: compiling them takes far longer than running
+    them, and most of a compile is LLVM optimizing code that then runs for microseconds. JAX's
+    ``jax_disable_most_optimizations`` turns the backend's optimization level to 0; the graph
+    passes that decide shardings, collectives and memory still run. The environment variable
+    carries the choice to the workers and training runs a chapter starts, and is removed where
+    a chapter times programs, so that a test runner's setting does not leak into them. On real
+    accelerators setup leaves all this alone: there the run, not the compile, is what counts.
+    """
+    import jax
+
+    if not isinstance(on, bool):
+        raise SetupError(f"set_fast_compiles takes True or False, not {on!r}.")
+    jax.config.update("jax_disable_most_optimizations", on)
+    if on:
+        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+    else:
+        os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+
+
 def own_script_lines(n: int) -> str:
     """What setup does for mock devices, as the lines a reader's own script needs.
 
     The chapters call ``setup``; a reader who copies a chapter into a script of their own needs
     these two configuration updates instead, before anything touches JAX's backend: without
-    the first, a machine with one GPU still hands JAX that GPU alone.
+    the first, a machine with one GPU still hands JAX that GPU alone. The third is optional.
     """
     return (
         "In a script of your own, these two lines before anything else uses JAX do the same:\n"
         '    jax.config.update("jax_platforms", "cpu")\n'
-        f'    jax.config.update("jax_num_cpu_devices", {n})'
+        f'    jax.config.update("jax_num_cpu_devices", {n})\n'
+        "and this optional one makes XLA compile tiny programs faster by optimizing them less:\n"
+        '    jax.config.update("jax_disable_most_optimizations", True)'
     )
 
 

@@ -69,8 +69,10 @@ def run_python(code):
 
 def test_setup_gives_mock_devices_and_is_idempotent():
     rc, out = run_python(
-        "import book.devices as d; d.setup(8); d.setup(8); import jax; "
-        "print(jax.device_count(), jax.default_backend())"
+        "import book.devices as d; d.setup(8); d.setup(8); import jax, os; "
+        "print(jax.device_count(), jax.default_backend()); "
+        "print(jax.config.read('jax_disable_most_optimizations'), "
+        "os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'])"
     )
     assert rc == 0, out
     notice = [
@@ -78,8 +80,11 @@ def test_setup_gives_mock_devices_and_is_idempotent():
         "In a script of your own, these two lines before anything else uses JAX do the same:",
         '    jax.config.update("jax_platforms", "cpu")',
         '    jax.config.update("jax_num_cpu_devices", 8)',
+        "and this optional one makes XLA compile tiny programs faster by optimizing them less:",
+        '    jax.config.update("jax_disable_most_optimizations", True)',
     ]
-    assert out.splitlines() == [*notice, *notice, "8 cpu"]
+    # Mock devices compile with little optimization, here and in the processes started from here.
+    assert out.splitlines() == [*notice, *notice, "8 cpu", "True 1"]
 
 
 def test_single_accelerator_falls_back_to_mock_cpu():
@@ -146,3 +151,53 @@ def test_setup_takes_a_numpy_integer():
 def test_reader_errors_render_as_one_line():
     err = devices.SetupError("Restart the kernel.")
     assert err._render_traceback_() == ["SetupError: Restart the kernel."]
+
+
+def test_chapters_that_time_programs_keep_full_optimization():
+    rc, out = run_python(
+        "import os; os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'] = '1'; "
+        "import book.devices as d, jax; d.setup(8); d.set_fast_compiles(False); "
+        "print(jax.config.read('jax_disable_most_optimizations'), "
+        "'JAX_DISABLE_MOST_OPTIMIZATIONS' in os.environ)"
+    )
+    assert rc == 0, out
+    assert out.splitlines()[-1] == "False False"
+
+
+def test_fast_compiles_take_a_bool():
+    with pytest.raises(devices.SetupError, match="takes True or False, not 'no'"):
+        devices.set_fast_compiles("no")
+
+
+def test_compiling_fast_changes_no_program_the_chapters_read():
+    """Chapter 1's claim: the flag skips backend work; the HLO, collectives and memory stay."""
+    import re
+
+    import jax
+    import numpy as np
+
+    from book.lessons import transformer as T
+
+    cfg = T.Config()
+    params, tokens = T.init_params(cfg), np.zeros((8, 16), np.int32)
+    mesh = jax.make_mesh((4, 2), ("fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    step = T.make_step(cfg, T.Layout(mesh, T.RULES["FSDP x TP"]))
+    before = jax.config.read("jax_disable_most_optimizations")
+    seen = []
+    try:
+        for fast in (False, True):
+            jax.config.update("jax_disable_most_optimizations", fast)
+            jax.clear_caches()  # the flag is not in the compile cache's key
+            compiled = step.lower(params, tokens, tokens).compile()
+            memory = compiled.memory_analysis()
+            seen.append(
+                (
+                    re.sub(r",? ?metadata=\{[^}]*\}", "", compiled.as_text()),
+                    memory.temp_size_in_bytes,
+                    memory.argument_size_in_bytes,
+                    memory.output_size_in_bytes,
+                )
+            )
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+    assert "all-reduce" in seen[0][0] and seen[0] == seen[1]
