@@ -215,7 +215,7 @@ def set_fast_compiles(on: bool) -> None:
     import jax
 
     if not isinstance(on, bool):
-        raise SetupError(f"set_fast_compiles takes True or False, not {on!r}.")
+        raise SetupError(f"set_fast_compiles takes True or False, not {validate.describe(on)}.")
     jax.config.update("jax_disable_most_optimizations", on)
     if on:
         os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"

@@ -167,6 +167,19 @@ def test_chapters_that_time_programs_keep_full_optimization():
 def test_fast_compiles_take_a_bool():
     with pytest.raises(devices.SetupError, match="takes True or False, not 'no'"):
         devices.set_fast_compiles("no")
+    import jax
+
+    before = jax.config.read("jax_disable_most_optimizations")
+    for wrong in (jax.random.key(0), {f"k{i}": i for i in range(10**4)}, ReprRaises(8)):
+        with pytest.raises(devices.SetupError) as err:
+            devices.set_fast_compiles(wrong)
+        assert "\n" not in str(err.value) and len(str(err.value)) < 120, str(err.value)
+    assert jax.config.read("jax_disable_most_optimizations") == before
+
+
+class ReprRaises(int):
+    def __repr__(self):
+        raise RuntimeError("repr")
 
 
 def test_compiling_fast_changes_no_program_the_chapters_read():
