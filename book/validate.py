@@ -129,6 +129,11 @@ _PLAIN = (
 )
 
 
+def _is_text(value) -> bool:
+    """A string or a subclass; not an object whose ``__class__`` claims ``str`` to isinstance."""
+    return issubclass(type(value), str)
+
+
 def _is_whole(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
@@ -211,7 +216,7 @@ def whole(
     sort = "a positive whole number" if low == 1 else "a whole number"
     wanted = f"{name} must be {sort} such as {example}"
     value = scalar(value)
-    if isinstance(value, str) and text:
+    if _is_text(value) and text:
         body = str.__str__(value).strip()  # the text itself, whatever a subclass redefines
         if not _DIGITS.fullmatch(body):
             if re.fullmatch(r"[+-]?[0-9]+", body, re.ASCII):
@@ -298,7 +303,7 @@ def text(
     A lone surrogate (``'\\udcff'``, what Python makes of bytes that are not UTF-8) is refused:
     it is no character, and a page or a plot fails on it.
     """
-    if not isinstance(value, str):
+    if not _is_text(value):
         raise error(f"Type {name} as text, such as {example}, not {describe(value)}.")
     value = plain(value)
     called = name[:1].upper() + name[1:]
@@ -320,7 +325,7 @@ def optional_text(value, name: str, *, example: str, error: type[ReaderError] = 
 
 def name(value, what: str, *, error: type[ReaderError] = ReaderError) -> str:
     """An identifier such as ``'data'``: letters, digits and underscores, up to 64 characters."""
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
+    if not _is_text(value) or not _NAME.fullmatch(str.__str__(value)):
         raise error(
             f"{what} must be a name of letters, digits and underscores such as 'data', not "
             f"{describe(value)}."
@@ -348,7 +353,7 @@ def path(value, what: str, example: str, *, error: type[ReaderError] = ReaderErr
 
 def choice(value, options: Sequence[str], what: str, *, error: type[ReaderError] = ReaderError):
     """One of ``options`` (strings), compared as text: a list or an unhashable value is refused."""
-    if isinstance(value, str) and str.__str__(value) in options:
+    if _is_text(value) and str.__str__(value) in options:
         return str.__str__(value)
     listed = ", ".join(options[:-1]) + " or " + options[-1] if len(options) > 1 else options[0]
     raise error(f"{describe(value)} is not {what} here; pick one of {listed}.")

@@ -196,3 +196,24 @@ def test_wrong_kinds_of_things():
         validate.compiled(f.lower(np.zeros(2)))
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
         validate.mesh("mesh")
+
+
+class ClaimsToBeText:
+    """isinstance(value, str) is True, yet it holds no text: its __class__ says str."""
+
+    @property
+    def __class__(self):
+        return str
+
+
+def test_an_object_claiming_to_be_text_is_refused_as_what_it_is():
+    value = ClaimsToBeText()
+    for check in (
+        lambda: validate.choice(value, ["psum", "pmean"], "a collective"),
+        lambda: validate.name(value, "The axis name"),
+        lambda: validate.text(value, "the spec", example="P()"),
+        lambda: validate.whole(value, "The size", text=True),
+    ):
+        with pytest.raises(ReaderError) as err:
+            check()
+        assert "ClaimsToBeText" in one_sentence(err.value)
