@@ -84,7 +84,8 @@ def ch16_masked_mean_grads(masked_mean_grads):
     mean_loss, mean_grads = _mean_of_means(params, xs, ys, mask)
     why = (
         "you averaged the microbatches' own means, which weighs each of the last "
-        "microbatch's 7 examples like 4 of the first's; add up losses and counts, and divide "
+        "microbatch's 7 examples 32/7, about 4.6, times as much as each of the first's; add "
+        "up losses and counts, and divide "
         "once at the end"
     )
     loss, _ = _loss_and_grads(
