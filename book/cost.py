@@ -31,9 +31,16 @@ def _check(n) -> int:
 
 
 def _bytes(value, name: str = "The number of bytes") -> float:
-    """A size in bytes: a finite number of at least 0 (a float, as averages and shares are)."""
+    """A size in bytes: a number from 0 to 1e30 (a float, as averages and shares are).
+
+    No machine holds more; the bound keeps what the formulas make of it a finite float.
+    """
     return validate.number(
-        value, name, wanted="a number of bytes such as 1024", error=validate.BadValue
+        value,
+        name,
+        high=1e30,
+        wanted="a number of bytes such as 1024",
+        error=validate.BadValue,
     )
 
 

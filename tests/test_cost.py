@@ -1,5 +1,7 @@
 """book.cost: the textbook formulas, on hand-computed values and on compiled programs."""
 
+import sys
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -99,6 +101,13 @@ def test_ring_steps_and_the_alpha_beta_time():
 def test_a_ring_needs_a_positive_whole_number(n):
     with pytest.raises(ValueError, match="positive whole number"):
         book.cost.all_gather_bytes(8, n)
+
+
+def test_a_byte_count_past_any_machine_is_refused_not_overflowed():
+    for formula in (book.cost.all_reduce_bytes, book.cost.all_to_all_ring_link_bytes):
+        with pytest.raises(ValueError, match="too large"):
+            formula(sys.float_info.max, 8)
+    assert book.cost.all_reduce_bytes(1e30, 2) == 1e30
 
 
 def test_ring_bytes_of_compiled_collectives():
