@@ -147,7 +147,11 @@ def _sequence(value, what: str, example: str) -> list:
     A string would be taken one character at a time, a dict by its keys, so both are refused,
     and so is a class such as ``list``, which has ``__iter__`` but no items.
     """
+    import jax
+
     value = validate.plain(value)
+    if isinstance(value, jax.Array):  # one deleted, or of keys, has no values to show
+        validate.array(value, what, error=DisplayError)
     if (
         isinstance(value, (str, bytes, dict, set, type))
         or not hasattr(value, "__iter__")
@@ -657,7 +661,11 @@ def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
 
 def _labels(labels) -> list[str]:
     """Node labels: a non-empty list or tuple of short texts or numbers."""
-    if isinstance(labels, np.ndarray):
+    if isinstance(labels, np.ndarray):  # sized first: a broadcast view may stand for 10**12
+        if labels.size > MAX_BLOCKS:
+            raise DisplayError(
+                f"There are {labels.size:,} labels; a diagram shows at most {MAX_BLOCKS}."
+            )
         labels = labels.tolist()
     labels = validate.plain(labels)
     if not isinstance(labels, (list, tuple)) or not labels:

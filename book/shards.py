@@ -46,7 +46,7 @@ def index_key(index, shape) -> tuple[tuple[int, int], ...]:
 
 def summarize(x) -> Summary:
     """Shard shape, bytes per device and replication of a ``jax.Array``."""
-    validate.array(x, "summarize's argument")
+    validate.array(x, "summarize's argument", keys=True)
     shards = x.addressable_shards
     keys = {index_key(s.index, x.shape) for s in shards}
     per_device = {}

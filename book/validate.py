@@ -452,8 +452,12 @@ def processes(value, name: str, *, error: type[ReaderError] = ReaderError) -> in
     )
 
 
-def array(value, what: str, *, error: type[ReaderError] = WrongKind):
-    """A concrete ``jax.Array`` (not a NumPy array, and not a traced value inside ``jit``)."""
+def array(value, what: str, *, keys: bool = False, error: type[ReaderError] = WrongKind):
+    """A concrete ``jax.Array`` (not a NumPy array, and not a traced value inside ``jit``).
+
+    Not one already deleted (donated to a jitted function) either, since none of its values
+    can be read; PRNG keys only with ``keys``, since theirs are no numbers to show.
+    """
     import jax
 
     if isinstance(value, jax.core.Tracer):
@@ -464,6 +468,15 @@ def array(value, what: str, *, error: type[ReaderError] = WrongKind):
     if not isinstance(value, jax.Array):
         hint = ", placed with jax.device_put" if isinstance(value, np.ndarray) else ""
         raise error(f"{what} must be a jax.Array{hint}, not {describe(value)}.")
+    if value.is_deleted():
+        raise error(
+            f"{what} has been deleted, as an array donated to a jitted function is; pass one "
+            "still alive, such as that function's result."
+        )
+    if not keys and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        raise error(
+            f"{what} holds PRNG keys, which are no numbers; pass jax.random.key_data of it."
+        )
     return value
 
 

@@ -193,6 +193,25 @@ def test_wrong_kinds_of_things_get_one_sentence():
         assert "\n" not in str(caught.value)
 
 
+def test_a_deleted_array_or_one_of_keys_gets_one_sentence():
+    from book.errors import ReaderError
+
+    gone = jax.numpy.arange(8.0)
+    gone.delete()
+    keys = jax.random.split(jax.random.key(0), 8)
+    assert shards.summarize(keys).shape == (8,)  # its layout is there to summarize
+    for call, words in [
+        (lambda: display.shard_table(gone), "has been deleted"),
+        (lambda: display.table(["x"], gone), "has been deleted"),
+        (lambda: shards.summarize(gone), "has been deleted"),
+        (lambda: display.shard_table(keys), "key_data"),
+        (lambda: display.ring_diagram(np.broadcast_to(np.int64(8), (10**12,))), "at most"),
+    ]:
+        with pytest.raises(ReaderError, match=words) as caught:
+            call()
+        assert "\n" not in str(caught.value)
+
+
 def test_analysis_modules_import_nothing_of_the_display():
     """Analysis returns data; only display and the forms above it render."""
     import ast
