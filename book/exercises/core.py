@@ -571,9 +571,18 @@ def _codes(answer) -> set:
 
 
 def _in_answers(err: BaseException, answers: tuple) -> bool:
-    """Whether ``err`` was raised inside the code of one of the answers (a library function)."""
+    """Whether ``err`` was raised inside the code of one of the answers (a library function).
+
+    A built-in answer (``int``, or a ``functools.partial`` of one) runs no Python code: what it
+    raises surfaces in the checker's line that called it, a line whose names hold the answer.
+    """
     codes = set().union(*(_codes(a) for a in answers if callable(a))) if answers else set()
-    return any(frame.f_code in codes for frame, _ in traceback.walk_tb(err.__traceback__))
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    if any(frame.f_code in codes for frame in frames):
+        return True
+    native = [a for a in answers if callable(a) and not _codes(a)]
+    held = frames[-1].f_locals.values() if frames and native else ()
+    return any(value is answer for value in held for answer in native)
 
 
 def _through_jax(err: BaseException, frames) -> bool:
@@ -667,6 +676,8 @@ def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
             array = np.asarray(validate.scalar(value))
     if array is None or array.dtype.kind not in "biuf":
         raise Wrong(f"{what} should be numbers, such as {example}, not {validate.describe(value)}.")
+    # before a copy: a broadcast view stands for 10**12 numbers in a few bytes
+    need(array.size <= 10**7, f"{what} holds {array.size:,} numbers; give {example}.")
     with np.errstate(over="ignore"):
         array = array.astype(np.float64)
     need(np.isfinite(array).all(), f"{what} holds numbers that are not finite; give {example}.")
