@@ -309,6 +309,43 @@ def test_process_wide_python_settings_an_answer_changes_are_put_back():
     assert exercises.ch17_step_flops(lambda sizes: 1.0).judged  # the next check still runs
 
 
+def test_the_interpreters_own_knobs_an_answer_turns_are_put_back():
+    import gc
+    import logging
+
+    before = (gc.isenabled(), sys.get_int_max_str_digits(), sys.getswitchinterval())
+    mask, path, math_module = os.umask(0o022), list(sys.path), sys.modules["math"]
+    os.umask(mask)
+    hooks = (sys.excepthook, threading.excepthook, threading.getprofile())
+
+    def step_flops(sizes):
+        gc.disable()
+        sys.set_int_max_str_digits(640)
+        sys.setswitchinterval(1.0)
+        os.umask(0o777)
+        logging.disable(logging.CRITICAL)
+        sys.excepthook = threading.excepthook = lambda *args: None
+        threading.setprofile_all_threads(lambda *args: None)
+        sys.path.insert(0, "/nowhere")
+        sys.modules["math"] = None
+        return 1.0
+
+    assert exercises.ch17_step_flops(step_flops).judged
+    assert (gc.isenabled(), sys.get_int_max_str_digits(), sys.getswitchinterval()) == before
+    assert os.umask(mask) == mask and logging.root.manager.disable == logging.NOTSET
+    assert (sys.excepthook, threading.excepthook, threading.getprofile()) == hooks
+    assert sys.path == path and sys.modules["math"] is math_module
+
+
+class RaisesOnEveryAttribute:
+    def __getattr__(self, name):
+        raise RuntimeError(name)
+
+
+def test_an_answer_whose_every_attribute_raises_is_judged():
+    judged_in_one_sentence(exercises.ch01_chip_rows(RaisesOnEveryAttribute()))
+
+
 def test_an_answer_that_calls_os_exit_is_judged_and_the_kernel_lives_on():
     real = os._exit
 

@@ -17,6 +17,7 @@ import builtins
 import contextlib
 import ctypes
 import functools
+import gc
 import inspect
 import math
 import os
@@ -310,10 +311,13 @@ class _World:
     processes started meanwhile are killed, with their own children; Python threads started
     meanwhile that run the reader's code are asked to stop. Python's own process-wide settings
     an answer may change are put back too: the recursion limit, the warnings filters, the
-    standard streams and the built-in names (``print`` replaced to silence it). While the
-    check runs, ``os._exit`` called from the reader's code raises ``SystemExit`` in its thread
-    instead of ending the kernel. Put back after the verdict
-    whether the check finished or not, so nothing outlives a check that had to be abandoned.
+    standard streams and the built-in names (``print`` replaced to silence it), the modules
+    imported and the import path, the exception hooks, every thread's trace and profile hooks,
+    and the knobs ``_runtime`` reads. A function registered with ``atexit`` stays: Python
+    lists them nowhere. While the check runs, ``os._exit`` called from the reader's code
+    raises ``SystemExit`` in its thread instead of ending the kernel. Put back after the
+    verdict whether the check finished or not, so nothing outlives a check that had to be
+    abandoned.
 
     Processes are found as descendants of this one, so a process that has left the tree by the
     time the check ends (a daemon that forks twice, or a job a shell started in the background
@@ -330,7 +334,10 @@ class _World:
         real = {id(clock) for clock in self.clocks.values()} | {id(time), id(timeit)}
         self.names = []
         for arg in args:
-            names = getattr(arg, "__globals__", None)
+            try:
+                names = getattr(arg, "__globals__", None)
+            except Exception:  # noqa: BLE001 - an object whose every attribute raises
+                names = None
             if isinstance(names, dict):
                 held = {k: v for k, v in list(names.items()) if id(v) in real}
                 self.names.append((names, held))
@@ -343,6 +350,11 @@ class _World:
         self.warnings = list(warnings.filters)
         self.streams = (sys.stdin, sys.stdout, sys.stderr)
         self.builtins = dict(vars(builtins))
+        self.modules = dict(sys.modules)
+        self.path = list(sys.path)
+        self.hooks = (sys.excepthook, threading.excepthook)
+        self.tracing = (threading.gettrace(), threading.getprofile())
+        self.runtime = _runtime()
         self.exit = os._exit
         os._exit = _exit_in_thread(self.exit)
 
@@ -355,6 +367,17 @@ class _World:
         for name in set(names) - set(self.builtins):
             names.pop(name, None)
         names.update((k, v) for k, v in self.builtins.items() if names.get(k) is not v)
+        for name, module in self.modules.items():  # a module replaced or removed; new ones stay
+            if sys.modules.get(name) is not module:
+                sys.modules[name] = module
+        if sys.path != self.path:
+            sys.path[:] = self.path
+        sys.excepthook, threading.excepthook = self.hooks
+        if (threading.gettrace(), threading.getprofile()) != self.tracing:
+            threading.settrace_all_threads(self.tracing[0])
+            threading.setprofile_all_threads(self.tracing[1])
+        if _runtime() != self.runtime:
+            _set_runtime(*self.runtime)
         with contextlib.suppress(Exception):
             sys.setrecursionlimit(self.recursion_limit)
         if warnings.filters != self.warnings:
@@ -394,6 +417,36 @@ class _World:
             _stop_all(started, _GRACE)
         for folder in self.folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _runtime() -> tuple:
+    """The interpreter's process-wide knobs an answer may turn: the garbage collector, the
+    longest integer printed, the thread switch interval, the file mode mask, logging's off level.
+    """
+    import logging
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return (
+        gc.isenabled(),
+        sys.get_int_max_str_digits(),
+        sys.getswitchinterval(),
+        mask,
+        logging.root.manager.disable,
+    )
+
+
+def _set_runtime(collecting, digits, interval, mask, logging_off) -> None:
+    import logging
+
+    if collecting:
+        gc.enable()
+    else:
+        gc.disable()
+    sys.set_int_max_str_digits(digits)
+    sys.setswitchinterval(interval)
+    os.umask(mask)
+    logging.disable(logging_off)
 
 
 def _exit_in_thread(real):
