@@ -346,6 +346,14 @@ def test_an_answer_whose_every_attribute_raises_is_judged():
     judged_in_one_sentence(exercises.ch01_chip_rows(RaisesOnEveryAttribute()))
 
 
+def test_an_answer_with_a_lower_of_its_own_is_traced_as_a_function():
+    from unittest import mock
+
+    verdict = exercises.ch07_sum_dp(mock.MagicMock())  # its .lower().compile() is no program
+    judged_in_one_sentence(verdict)
+    assert "Your code raised" in verdict.message
+
+
 def test_an_answer_that_calls_os_exit_is_judged_and_the_kernel_lives_on():
     real = os._exit
 

@@ -906,7 +906,8 @@ def compile_and_run(fn, *args, stub=None):
     callable_with(fn, args)
 
     def lower(fn, calls, check_vma=None):
-        jitted = fn if hasattr(fn, "lower") else jax.jit(checked_results(fn))
+        # jax.jit's own result as it is; anything else with a .lower (a mock) is traced
+        jitted = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(checked_results(fn))
         with (
             recording(jax, "shard_map", _recording_shard_maps(calls, check_vma)),
             jax.default_matmul_precision("highest"),
