@@ -135,7 +135,8 @@ def _is_text(value) -> bool:
 
 
 def _is_whole(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    kind = type(value)  # not isinstance: an object's __class__ property may claim int
+    return issubclass(kind, (int, np.integer)) and not issubclass(kind, (bool, np.bool_))
 
 
 def scalar(value):

@@ -206,6 +206,12 @@ class ClaimsToBeText:
         return str
 
 
+class ClaimsToBeWhole:
+    @property
+    def __class__(self):
+        return int
+
+
 def test_an_object_claiming_to_be_text_is_refused_as_what_it_is():
     value = ClaimsToBeText()
     for check in (
@@ -217,3 +223,10 @@ def test_an_object_claiming_to_be_text_is_refused_as_what_it_is():
         with pytest.raises(ReaderError) as err:
             check()
         assert "ClaimsToBeText" in one_sentence(err.value)
+    for check in (
+        lambda: validate.signal_of(ClaimsToBeWhole()),
+        lambda: validate.whole(ClaimsToBeWhole(), "The size"),
+    ):
+        with pytest.raises(ReaderError) as err:
+            check()
+        assert "ClaimsToBeWhole" in one_sentence(err.value)
