@@ -649,6 +649,11 @@ def plan(
             f"{model.layers} layers do not split into {layout['pp']} pipeline stages of {v} "
             "groups; choose a pp and virtual_stages whose product divides the number of layers."
         )
+    if v > 1 and microbatches < layout["pp"]:  # the program's own assertion, chapter 14
+        raise SizingError(
+            f'schedule="interleaved" needs at least pp={layout["pp"]} microbatches, not '
+            f"{microbatches}, so that a microbatch is back at the first stage for its next trip."
+        )
     conventions = {
         "microbatches": microbatches,
         "schedule": schedule,

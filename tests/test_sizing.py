@@ -366,7 +366,7 @@ def test_fused_attention_keeps_no_scores_and_computes_them_again():
         assert a.memory == b.memory and b.flops["hardware"] > a.flops["hardware"]
 
 
-@pytest.mark.parametrize("m, p, v", [(8, 4, 2), (16, 4, 4), (2, 4, 2)])
+@pytest.mark.parametrize("m, p, v", [(8, 4, 2), (16, 4, 4), (4, 4, 2)])
 def test_interleaved_1f1b_holds_chapter_14s_peak_for_a_smaller_bubble(m, p, v):
     from fractions import Fraction
 
@@ -397,6 +397,21 @@ def test_interleaving_is_asked_for_consistently(schedule, v, layers):
     with pytest.raises(ReaderError) as err:
         sizing.plan(model, pp=4, global_batch=32, seq=64, schedule=schedule, virtual_stages=v)
     assert "\n" not in str(err.value) and "virtual_stages" in str(err.value)
+
+
+def test_interleaving_fewer_microbatches_than_stages_is_refused():
+    # A microbatch's second trip would start before its first had come round: no schedule.
+    with pytest.raises(ReaderError, match="at least pp=4 microbatches") as err:
+        sizing.plan(
+            LLAMA_70B,
+            pp=4,
+            global_batch=32,
+            seq=64,
+            microbatches=2,
+            schedule="interleaved",
+            virtual_stages=2,
+        )
+    assert "\n" not in str(err.value)
 
 
 def test_an_ici_axis_over_several_torus_dimensions_sends_that_much_faster():
