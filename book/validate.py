@@ -386,7 +386,7 @@ def signal_of(value, what: str = "sig", *, error: type[ReaderError] = ReaderErro
     number = plain(scalar(value))
     if _is_whole(number) and int(number) in {s.value for s in signal.Signals}:
         return signal.Signals(int(number))
-    if isinstance(number, str) and len(number) <= 20:
+    if _is_text(number) and len(number) <= 20:
         name = number.strip().upper()
         name = name if name.startswith("SIG") else "SIG" + name
         if name in signal.Signals.__members__:

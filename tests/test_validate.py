@@ -219,6 +219,7 @@ def test_an_object_claiming_to_be_text_is_refused_as_what_it_is():
         lambda: validate.name(value, "The axis name"),
         lambda: validate.text(value, "the spec", example="P()"),
         lambda: validate.whole(value, "The size", text=True),
+        lambda: validate.signal_of(value),
     ):
         with pytest.raises(ReaderError) as err:
             check()
