@@ -387,6 +387,38 @@ def collectives(compiled) -> list[Collective]:
     return rows
 
 
+def loop_trips(compiled) -> dict[str, int]:
+    """How many times each loop body of a compiled program runs: ``{body: trips}``.
+
+    JAX offers no API for a loop's trip count; XLA writes it on the ``while`` instruction
+    (``known_trip_count``) once it knows it. A ``Collective``'s ``computation`` names the body it
+    sits in, so a collective in a loop runs that many times a step. A loop inside another loop's
+    body runs its count once per trip of the outer one (chapter 14's pipeline: the layers' loop
+    inside the schedule's), also where XLA:CPU wraps the inner ``while`` in a computation of its
+    own that the outer body calls.
+    """
+    loops, caller, computation = {}, {}, None
+    for line in _text(compiled).splitlines():
+        header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)  # a computation begins
+        if header:
+            computation = header.group(1)
+            continue
+        for callee in re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", line):
+            caller.setdefault(callee, computation)
+        found = re.search(r'body=%?([\w.\-]+).*"known_trip_count":\{"n":"(\d+)"', line)
+        if found:
+            loops[found.group(1)] = int(found.group(2))
+
+    def runs(name, seen=()):
+        """How often a computation runs per call of the program; 1 for the entry."""
+        if name in seen or name not in caller:  # the entry, or a text that calls itself
+            return 1
+        outer = runs(caller[name], (*seen, name))
+        return loops.get(name, 1) * outer
+
+    return {body: runs(body) for body in loops}
+
+
 # The data flow of the entry computation --------------------------------------------------------
 
 # Ops that only rename or reinterpret a value: a graph that drew them would hide the data flow.

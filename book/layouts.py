@@ -322,7 +322,7 @@ def _analyze(choice: Choice) -> Analysis:
         spec = tr.logical_spec(names, lay.rules)
         shard = lay.sharding(names).shard_shape(shape)
         params.append((path, shape, specs.spec_text(spec), shard, math.prod(shard) * 4))
-    trips = tr.loop_trips(compiled)
+    trips = hlo.loop_trips(compiled)
     rows = tuple(
         (r, tr.axes_of(r, lay.mesh), trips.get(r.computation, 1))
         for r in hlo.collectives(compiled)

@@ -36,7 +36,6 @@ from book.lessons.transformer import (
     Layout,
     axes_of,
     init_params,
-    loop_trips,
     loss_fn,
     make_step,
     param_shardings,
@@ -57,7 +56,7 @@ def sent_by_kind(compiled, mesh):
     are the layers'. A collective over several axes, or pairs across them, counts as
     "between".
     """
-    trips = loop_trips(compiled)
+    trips = hlo.loop_trips(compiled)
     step, loops = {}, {}
     for row in hlo.collectives(compiled):
         axes = moved_along(row, mesh) if row.op == "collective-permute" else None
@@ -335,7 +334,7 @@ def check_pipeline(cfg, mesh_shape, axes, m, tokens, targets):
         "activations": pipeline_kept(cfg, mesh, args, full),
     }
     got["comm"], got["loops"] = sent_by_kind(compiled, mesh)
-    trips = loop_trips(compiled)
+    trips = hlo.loop_trips(compiled)
     got["permutes"] = sum(
         cost.ring_bytes(row) * trips.get(row.computation, 1)
         for row in hlo.collectives(compiled)

@@ -512,3 +512,29 @@ def test_compiler_messages_give_fd_2_back_when_the_block_raises(capfd):
             raise ZeroDivisionError
     os.write(2, b"still here\n")
     assert capfd.readouterr().err == "still here\n"
+
+
+def test_loop_trips_multiplies_a_loop_by_the_loops_around_it():
+    def nested(x):
+        def outer(c, _):
+            return jax.lax.scan(lambda d, _: (jnp.sin(d) * 2, None), c, None, length=3)[0], None
+
+        return jax.lax.scan(outer, x, None, length=4)[0]
+
+    trips = book.hlo.loop_trips(jax.jit(nested).lower(jnp.ones(2)).compile())
+    assert sorted(trips.values()) == [4, 12]  # the inner body runs 3 times per outer trip
+    single = jax.jit(lambda x: jax.lax.scan(lambda c, _: (c * 2, None), x, None, length=5)[0])
+    assert list(book.hlo.loop_trips(single.lower(jnp.ones(2)).compile()).values()) == [5]
+
+
+def test_loop_trips_reads_hand_written_text_and_refuses_stablehlo():
+    text = (
+        "%body (p: f32[]) -> f32[] {\n"
+        "  %w = f32[] while(%p), condition=%cond, body=%body,"
+        ' backend_config={"known_trip_count":{"n":"7"}}\n'
+        "}\n"
+        "ENTRY %main (x: f32[]) -> f32[] {\n  ROOT %c = f32[] call(%x), to_apply=%body\n}\n"
+    )
+    assert book.hlo.loop_trips(text) == {"body": 7}  # a body that calls itself stops, not recurses
+    with pytest.raises(book.hlo.HloError, match="StableHLO"):
+        book.hlo.loop_trips(jax.jit(jnp.sin).lower(1.0).as_text())

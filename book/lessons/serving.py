@@ -14,9 +14,9 @@ from jax.sharding import PartitionSpec as P
 from book.lessons.transformer import PARAM_AXES, RULES, TP_RULES, param_shardings
 import math
 from book import cost, hlo, sizing
+from book.hlo import loop_trips  # noqa: F811 (the module's own import)
 from book.layouts import mesh_axes
 from book.lessons.planning import small_model
-from book.lessons.transformer import loop_trips  # noqa: F811 (the module's own import)
 
 
 CACHE = ("layers", "batch", "context", "heads", None)  # keys, and values, by layer

@@ -12,7 +12,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
-import re
 import itertools
 import math
 
@@ -199,30 +198,6 @@ RULES = {  # one table per layout: the mesh axes it names are the axes its mesh 
     "FSDP x TP": {"batch": "fsdp", "embed": "fsdp", **TP_RULES},
     "DP x FSDP x TP": {"batch": ("data", "fsdp"), "embed": "fsdp", **TP_RULES},
 }
-
-
-def loop_trips(compiled):
-    """How many times each loop body of a compiled program runs: {body: trips}.
-
-    A loop inside another loop's body runs its trip count once per trip of the outer
-    one (chapter 14's pipeline: the layers' loop inside the schedule's).
-    """
-    loops, computation = {}, None
-    for line in compiled.as_text().splitlines():
-        header = re.match(
-            r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line
-        )  # a computation begins
-        if header:
-            computation = header.group(1)
-        m = re.search(r'body=%?([\w.\-]+).*"known_trip_count":\{"n":"(\d+)"', line)
-        if m:
-            loops[m.group(1)] = (computation, int(m.group(2)))
-
-    def trips(body):
-        outer, n = loops[body]
-        return n * (trips(outer) if outer in loops else 1)
-
-    return {body: trips(body) for body in loops}
 
 
 SP_RULES = {**TP_RULES, "seq": "model"}  # TP, and the stream split by its sequence
