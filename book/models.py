@@ -119,7 +119,9 @@ def _inputs(params, x):
 def _learning_rate(value):
     """A finite number, or a traced or 0-d array one (a schedule's output inside jit)."""
     if isinstance(value, jax.core.Tracer) or (
-        isinstance(value, jax.Array) and value.shape == () and value.dtype.kind == "f"
+        isinstance(value, jax.Array)
+        and value.shape == ()
+        and jnp.issubdtype(value.dtype, jnp.floating)  # a PRNG key's dtype has no kind
     ):
         return value
     return validate.number(

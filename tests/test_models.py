@@ -96,3 +96,12 @@ def test_a_jax_key_works_as_a_seed():
     np.testing.assert_array_equal(a["w1"], b["w1"])
     x, _ = models.synthetic_data(jax.random.key(2), 10, 8, 4)
     assert x.shape == (10, 8)
+
+
+def test_a_key_given_as_the_learning_rate_is_refused_in_one_sentence(setup):
+    from book.errors import ReaderError
+
+    params = setup[0]
+    with pytest.raises(ReaderError, match="learning_rate must be a number"):
+        models.sgd(params, params, jax.random.key(0))
+    assert models.sgd(params, params, jnp.float32(0.5))["w1"].shape == params["w1"].shape
