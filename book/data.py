@@ -248,6 +248,10 @@ def _rows(rows, num_examples: int) -> np.ndarray:
         rows = None
     if rows is None or rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iu"):
         raise ReaderError("rows must be a 1-D array of example numbers, such as [3, 0, 7].")
+    if rows.size > validate.MAX_SIZE:  # before min and max: a broadcast view may hold 10**12
+        raise ReaderError(
+            f"rows holds {rows.size:,} example numbers; read at most {validate.MAX_SIZE:,} at once."
+        )
     if rows.size and (rows.min() < 0 or rows.max() >= num_examples):
         raise ReaderError(
             f"rows must be example numbers from 0 to {num_examples - 1}, but they run from "

@@ -50,6 +50,9 @@ def test_source_reads_only_the_rows_asked_for(source, tmp_path):
     np.testing.assert_array_equal(source.read("x", rows)[:, 0], rows * FEATURES)
     assert source.reads == [3, 3]
     assert "96 examples" in repr(Source(tmp_path))
+    many = np.broadcast_to(np.int64(0), (10**12,))  # no memory, but no time to scan it
+    with pytest.raises(ReaderError, match="read at most"):
+        source.read("id", many)
 
 
 def test_source_errors_are_one_sentence(tmp_path):
