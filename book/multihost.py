@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -38,6 +39,8 @@ MAX_DEVICES_PER_PROCESS = 64
 _POLL_SECONDS = 0.02
 _SCAN_SECONDS = 0.25  # how often the workers' descendants are looked up while they run
 _FOLDER_PREFIX = "book-multihost-"
+_PORT_TRIES = 3  # launches tried, each on a new port, when the coordinator's port was taken
+_RANDOM = random.SystemRandom()  # ports stay apart even where a reader seeded random
 _PORT_CLASH = re.compile(r"Address already in use|EADDRINUSE|Failed to add port", re.IGNORECASE)
 
 EnvChoice = Mapping[str, "str | None"] | Callable[[int], Mapping[str, "str | None"]] | None
@@ -63,6 +66,7 @@ class WorkerError(ReaderError, RuntimeError):
         exit_code: int | None = None,
         raised: str | None = None,
         timed_out: bool = False,
+        port_taken: bool = False,
     ):
         super().__init__(message)
         self.process = process
@@ -70,6 +74,7 @@ class WorkerError(ReaderError, RuntimeError):
         self.exit_code = exit_code
         self.raised = raised
         self.timed_out = timed_out
+        self.port_taken = port_taken
 
 
 class Outputs(list):
@@ -98,14 +103,34 @@ class Outputs(list):
 def free_port() -> int:
     """A TCP port that no one is listening on right now, on any of this machine's addresses.
 
-    The operating system picks it, so two launches at the same time (parallel tests, two
-    notebooks) do not collide on a fixed port. JAX's coordinator listens on every address, so
-    the port is chosen free on every address too. Another program can still take it before the
-    coordinator starts; ``launch`` names that when it happens.
+    It is drawn at random below the range the operating system hands out to outgoing
+    connections (``ip_local_port_range`` on Linux), so neither another launch (parallel tests,
+    two notebooks) nor some program's outgoing connection takes it in the seconds before the
+    coordinator starts listening; where that range cannot be read, the system picks one. JAX's
+    coordinator listens on every address, so the port is checked free on every address too.
+    ``launch`` tries another port when it was taken all the same.
     """
+    low = _ephemeral_low()
+    for _ in range(100) if low else ():
+        port = _RANDOM.randrange(max(1024, low - 16384), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of Linux's range for outgoing connections, or None where unknown."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return low if low > 2048 else None
 
 
 def worker_env(
@@ -498,12 +523,21 @@ def launch(
 
     Raises ``WorkerError`` as soon as one worker fails (the others are stopped), or when workers
     are still running ``timeout`` seconds after the launch began, starting them included (all
-    are killed). Whatever happens, including ``KeyboardInterrupt``, every worker and every
-    process a worker started is gone, and the launch's temporary folder removed, when this
-    returns or raises.
+    are killed). When another program took the coordinator's port first, the workers are
+    started again on a new port, within the same ``timeout``. Whatever happens, including
+    ``KeyboardInterrupt``, every worker and every process a worker started is gone, and the
+    launch's temporary folder removed, when this returns or raises.
     """
-    with start(script, num_processes, devices_per_process, timeout, args, env=env) as job:
-        return job.wait()
+    deadline = time.monotonic() + validate.seconds(timeout, "timeout")
+    for attempt in range(1, _PORT_TRIES + 1):
+        left = max(deadline - time.monotonic(), 0.001) if attempt > 1 else timeout
+        job = start(script, num_processes, devices_per_process, left, args, env=env)
+        with job:
+            try:
+                return job.wait()
+            except WorkerError as err:
+                if not err.port_taken or job.chosen_by_reader or attempt == _PORT_TRIES:
+                    raise
 
 
 def start(
@@ -753,6 +787,7 @@ def _wait(
                     _outputs(folder, n, path),
                     exit_code=codes[clash[0]],
                     raised=_raised(folder, clash[0]),
+                    port_taken=True,
                 )
             also = ""
             if len(failed) > 1:

@@ -364,6 +364,9 @@ def test_free_ports_differ_and_bind():
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
     assert os.environ.get("JAX_PROCESS_ID") is None  # launch never touches its own environment
+    outgoing = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if outgoing.exists():  # below the ports outgoing connections take, so none takes it first
+        assert 1024 <= port < int(outgoing.read_text().split()[0])
 
 
 # Faults: each checks that no process and no folder of the launch is left.
@@ -538,6 +541,25 @@ def test_a_port_clash_is_named(tmp_path):
                 env={"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}"},
             )
     assert "\n" not in str(caught.value)
+    assert_nothing_left(tmp_path)
+    assert not folders_of(os.getpid())
+
+
+def test_a_taken_port_is_replaced_by_a_free_one(tmp_path, monkeypatch):
+    """Another program took the port launch chose: the workers start again on a new one."""
+    import socket
+
+    script = tmp_path / "jax_worker.py"
+    script.write_text(JAX_WORKER)
+    chosen = book.multihost.free_port
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(book.multihost, "free_port", lambda: next(ports, None) or chosen())
+        outputs = launch(script, num_processes=2, devices_per_process=1, timeout=60)
+    assert [text.splitlines()[0] for text in outputs] == ["index 0 of 2", "index 1 of 2"]
+    assert next(ports, None) is None  # the taken port was tried first
     assert_nothing_left(tmp_path)
     assert not folders_of(os.getpid())
 
