@@ -40,6 +40,7 @@ class DisplayError(ReaderError, ValueError):
     """Something passed to a table or picture that it cannot show, explained in one sentence."""
 
 
+@validate.impostors_refused
 def styled(body: str) -> str:
     """HTML that carries the book's stylesheet: the one place an output embeds it."""
     if not isinstance(body, str):
@@ -168,6 +169,7 @@ def _sequence(value, what: str, example: str) -> list:
     return items
 
 
+@validate.impostors_refused
 def table(headers, rows, *, title: str | None = None, note: str | None = None) -> Rendered:
     """A small table, HTML with a plain-text twin, for facts read from programs and runs.
 
@@ -219,6 +221,7 @@ def table(headers, rows, *, title: str | None = None, note: str | None = None) -
     )
 
 
+@validate.impostors_refused
 def error_html(message) -> str:
     """A reader's mistake as its one sentence, in place of a result (bare markup)."""
     message = message if isinstance(message, str) else validate.describe(message)
@@ -228,6 +231,7 @@ def error_html(message) -> str:
 # What the compiler made -------------------------------------------------------------------------
 
 
+@validate.impostors_refused
 def verdict_html(ok: bool, message: str, judged: bool = True) -> str:
     """An exercise checker's verdict: a mark, and its sentence."""
     ok = validate.flag(ok, "ok", error=DisplayError)
@@ -241,6 +245,7 @@ def verdict_html(ok: bool, message: str, judged: bool = True) -> str:
     return styled(f"<div class='bk-verdict {kind}'><b>{mark}</b> {html.escape(message)}</div>")
 
 
+@validate.impostors_refused
 def outputs_html(texts) -> str:
     """What several processes printed, side by side, long lines wrapped inside their column."""
     texts = _sequence(texts, "texts", "['process 0 says', 'process 1 says']")
@@ -270,6 +275,7 @@ def _width(width) -> int:
     return validate.whole(width, "width", low=20, high=10_000, example=88, error=DisplayError)
 
 
+@validate.impostors_refused
 def shape_text(row: hlo.Collective) -> str:
     """A row's shapes per device: ``[8, 32]``, ``4 × [1, 4, 8]`` or ``([8], [8, 32])``."""
     _row(row)
@@ -280,6 +286,7 @@ def shape_text(row: hlo.Collective) -> str:
     return "(" + ", ".join(str(list(s)) for s in row.shapes) + ")"
 
 
+@validate.impostors_refused
 def groups_text(row: hlo.Collective, limit: int = 4) -> str:
     """The groups of a row in a few characters: ``{0,4} {1,5} … (4 groups of 2)``."""
     _row(row)
@@ -295,6 +302,7 @@ def groups_text(row: hlo.Collective, limit: int = 4) -> str:
     return f"{shown} ({len(parts)} group{'s' if len(parts) > 1 else ''} of {row.group_size})"
 
 
+@validate.impostors_refused
 def collective_table(compiled, *, title: str | None = None) -> Rendered:
     """The collectives of a compiled program as a table: op, shape, dtype, bytes, groups."""
     rows = hlo.collectives(compiled)
@@ -337,6 +345,7 @@ def _node_label(node: hlo.Node) -> str:
     return f"{node.count} × {label}" if node.count > 1 else label
 
 
+@validate.impostors_refused
 def hlo_graph(compiled, *, title: str | None = None) -> Diagram:
     """The entry computation of a compiled program as a data-flow graph (``hlo.dataflow``).
 
@@ -361,6 +370,7 @@ def hlo_graph(compiled, *, title: str | None = None) -> Diagram:
     return Diagram(graph, "\n".join(lines))
 
 
+@validate.impostors_refused
 def instruction_text(row: hlo.Instruction, width: int = 88) -> str:
     """One instruction on one line, each attribute that says where data lives indented below."""
     if not isinstance(row, hlo.Instruction):
@@ -376,6 +386,7 @@ def instruction_text(row: hlo.Instruction, width: int = 88) -> str:
     return "\n".join(_wrap(line, width) for line in lines)
 
 
+@validate.impostors_refused
 def listing(compiled, *, ops=None, width: int = 88) -> str:
     """The entry computation of a compiled program as short text, one instruction at a time.
 
@@ -403,6 +414,7 @@ def listing(compiled, *, ops=None, width: int = 88) -> str:
     return "\n".join(instruction_text(r, width) for r in rows)
 
 
+@validate.impostors_refused
 def stablehlo_listing(lowered, *, width: int = 88) -> str:
     """The ``main`` function of a lowered program (``hlo.stablehlo_main``) as short text.
 
@@ -506,6 +518,7 @@ def _device_grid(x):
     return grid.reshape(grid.shape[0], -1), names, np.asarray(mesh.devices).shape if mesh else None
 
 
+@validate.impostors_refused
 def mesh_text(shape) -> str:
     """A mesh's shape in prose, with its article: 'a 2x4 mesh', 'an 8-device mesh'."""
     words = f"{shape[0]}-device" if len(shape) == 1 else "x".join(map(str, shape))
@@ -514,6 +527,7 @@ def mesh_text(shape) -> str:
     return f"{article} {words} mesh"
 
 
+@validate.impostors_refused
 def shard_table(x, *, show_ids: bool = True, title: str | None = None, name: str = "x") -> Rendered:
     """Every device's shard of ``x``: its device id, mesh position, index and actual values.
 
@@ -571,6 +585,7 @@ def _grid_with_summary(title, rows, lines: list[str], summary: str) -> Rendered:
     return Rendered(body, "\n".join(([title] if title else []) + lines + [summary]))
 
 
+@validate.impostors_refused
 def mesh_diagram(mesh, *, title: str | None = None) -> Diagram:
     """The mesh as a grid of device ids at their mesh coordinates: device order made visible.
 
@@ -626,6 +641,7 @@ def mesh_diagram(mesh, *, title: str | None = None) -> Diagram:
     return Diagram(graph, "\n".join([heading, *text_rows]))
 
 
+@validate.impostors_refused
 def ring_diagram(labels, groups=None, *, title: str | None = None) -> Diagram:
     """Nodes around a circle, joined in the given order: a ring of devices as data travels it.
 
@@ -730,6 +746,7 @@ def _inline_text(values: np.ndarray, max_rows: int = 4) -> str:
     return "\n".join(lines)
 
 
+@validate.impostors_refused
 def before_after_table(
     before, after, *, title: str | None = None, headers: tuple[str, str] = ("before", "after")
 ) -> Rendered:
@@ -821,6 +838,7 @@ def _positions(groups, n) -> list[list[int]]:
     return out
 
 
+@validate.impostors_refused
 def collective_diagram(
     before,
     after,
@@ -935,6 +953,7 @@ TIMELINE_COLOURS = {
 }
 
 
+@validate.impostors_refused
 def timeline(ops, kinds, *, title: str | None = None):
     """A per-device timeline of one run of a program: a row per device, a bar per instruction.
 

@@ -363,6 +363,7 @@ def _row(inst: _Instruction, op: str, attrs_from: _Instruction, num_devices: int
     )
 
 
+@validate.impostors_refused
 def collectives(compiled) -> list[Collective]:
     """The collectives in a compiled program, one row each, in the order the module lists them.
 
@@ -387,6 +388,7 @@ def collectives(compiled) -> list[Collective]:
     return rows
 
 
+@validate.impostors_refused
 def loop_trips(compiled) -> dict[str, int]:
     """How many times each loop body of a compiled program runs: ``{body: trips}``.
 
@@ -481,6 +483,7 @@ def _async_collective(module: _Module, inst: _Instruction) -> str | None:
     return next((_base_op(i.op) for i in _called(module, inst) if _base_op(i.op)), None)
 
 
+@validate.impostors_refused
 def dataflow(compiled) -> Dataflow:
     """The entry computation of a compiled program as the steps a reader follows.
 
@@ -589,6 +592,7 @@ class Instruction:
         return tuple(op for op in self.fused if op not in _DULL_FUSED) or self.fused[:1]
 
 
+@validate.impostors_refused
 def instructions(compiled, op: str | None = None) -> list[Instruction]:
     """The instructions of a compiled program's entry computation, in order.
 
@@ -681,6 +685,7 @@ def _stablehlo_text(lowered) -> str:
     return lowered
 
 
+@validate.impostors_refused
 def stablehlo_main(lowered) -> StableMain:
     """Read the ``main`` function of ``jax.jit(f).lower(...)`` or of its ``.as_text()``."""
     text = _stablehlo_text(lowered)

@@ -151,6 +151,7 @@ class Measurement:
         }
 
 
+@validate.impostors_refused
 def kernel_kind(name: str) -> str:
     """A GPU kernel's kind, read from its name: 'matmul', 'copy', 'scatter' or 'other'."""
     name = validate.text(
@@ -168,6 +169,7 @@ def kernel_kind(name: str) -> str:
     return "scatter" if "scatter" in name else "other"
 
 
+@validate.impostors_refused
 def load(path: Path = RESULTS) -> Measurement | None:
     """The stored measurement, or None where the stored file is absent (an old install).
 

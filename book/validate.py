@@ -10,6 +10,8 @@ a message never prints a value it cannot print quickly (``10**10000`` is named b
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import numbers
 import os
@@ -85,6 +87,76 @@ def kind(value) -> str:
         return "a NumPy array"
     name = type(value).__name__
     return ("an " if name[:1].lower() in "aeiou" else "a ") + name
+
+
+def impostors_refused(function):
+    """Wrap a reader-facing ``function``: an argument that lies about its type gets one sentence.
+
+    An object whose ``__class__`` names a type it is not, or whose attributes all raise, passes
+    ``isinstance`` checks it should fail or makes them raise, and then breaks deep inside the
+    function. Nothing is checked on the way in, so a call costs nothing more; only when the
+    call raises something other than a ``ReaderError`` are its arguments (and what lists,
+    tuples, sets and dicts hold, to a few levels) searched for such an object, and the error
+    becomes a ``WrongKind`` naming it. Any other error is the book's own and escapes as it is.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except ReaderError:
+            raise
+        except Exception:
+            impostor = _impostor([*args, *kwargs.values()])
+            if impostor is None:
+                raise
+            raise WrongKind(
+                f"{function.__name__} was given {impostor}; pass plain Python or NumPy values "
+                "and JAX objects."
+            ) from None
+
+    return wrapper
+
+
+_CONTAINERS = (list, tuple, set, frozenset)
+
+
+def _impostor(values, depth: int = 0, budget: list | None = None) -> str | None:
+    """How to name the first object among ``values`` that misreports its type, or None.
+
+    Reads types with ``type()``, which an object cannot fake, and items with the built-in
+    types' own methods; follows dicts, lists, tuples and sets four levels deep and 10,000
+    items in all.
+    """
+    budget = [10_000] if budget is None else budget
+    for value in values:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        real = type(value)
+        try:
+            claimed = value.__class__
+        except Exception:  # noqa: BLE001 - the very thing looked for
+            return f"an object whose attributes cannot be read (a {real.__name__})"
+        if claimed is not real:
+            name = claimed.__name__ if type(claimed) is type else "something else"
+            return f"an object that claims to be a {name} but is a {real.__name__}"
+        if depth >= 4:
+            continue
+        try:
+            if issubclass(real, dict):
+                items = [*dict.keys(value), *dict.values(value)]
+            elif issubclass(real, _CONTAINERS):
+                base = next(b for b in _CONTAINERS if issubclass(real, b))
+                items = list(itertools.islice(base.__iter__(value), budget[0] + 1))
+            else:
+                continue
+        except Exception:  # noqa: BLE001 - a container whose items cannot be read
+            return f"a {real.__name__} whose items cannot be read"
+        found = _impostor(items, depth + 1, budget)
+        if found:
+            return found
+    return None
 
 
 def plain(value):

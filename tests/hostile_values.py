@@ -125,3 +125,21 @@ def lying(kind, held):
     return {"text": LyingText, "list": LyingList, "tuple": LyingTuple, "dict": LyingDict}.get(
         kind, LyingNumber
     )(held)
+
+
+def impostor(claimed):
+    """An object whose ``__class__`` claims ``claimed``: ``isinstance`` believes it."""
+
+    class Impostor:
+        @property
+        def __class__(self):
+            return claimed
+
+    return Impostor()
+
+
+class Unreadable:
+    """An object every attribute of which raises, ``__class__`` included."""
+
+    def __getattribute__(self, name):
+        raise RuntimeError(f"no {name}")

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hostile_values import Unprintable, holding_itself, lying, nested
+from hostile_values import Unprintable, Unreadable, holding_itself, impostor, lying, nested
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
@@ -968,3 +968,70 @@ def test_a_pattern_python_cannot_read_is_named(tmp_path, pattern):
 
 def test_a_ring_op_is_read_for_the_text_it_holds():
     assert cost.ring_steps(lying("text", "all-gather"), 4) == 3
+
+
+# Objects that lie about their type, alone or inside a container, given to every public
+# function of the display, HLO, measurement and form modules in every position.
+IMPOSTORS = {
+    "claims int": lambda: impostor(int),
+    "claims str": lambda: impostor(str),
+    "claims list": lambda: impostor(list),
+    "claims dict": lambda: impostor(dict),
+    "claims jax.Array": lambda: impostor(jax.Array),
+    "claims ndarray": lambda: impostor(np.ndarray),
+    "unreadable": Unreadable,
+    "in a list": lambda: [[1, impostor(int)]],
+    "in a dict": lambda: {"a": Unreadable()},
+}
+
+
+WRAPPER = validate.impostors_refused(len).__code__
+
+
+def impostor_refused_functions():
+    """Every function of these modules that impostors_refused wraps, with its parameters."""
+    import inspect
+
+    from book import forms, measured
+    from book.forms import collective, common, serving, sharding, strategy, transformer
+    from book.forms import sizing as sizing_form
+
+    del forms
+    found = []
+    for module in (display, hlo, measured, collective, common, serving, sharding, strategy,
+                   transformer, sizing_form):  # fmt: skip
+        for name, fn in vars(module).items():
+            if getattr(fn, "__code__", None) is WRAPPER and fn.__module__ == module.__name__:
+                params = inspect.signature(fn).parameters.values()
+                needed = [
+                    p for p in params if p.default is p.empty and p.kind == p.POSITIONAL_OR_KEYWORD
+                ]
+                found.append((f"{module.__name__}.{name}", fn, len(needed)))
+    return found
+
+
+@pytest.mark.parametrize("which", IMPOSTORS)
+def test_an_object_lying_about_its_type_gets_one_sentence_anywhere(which):
+    functions = impostor_refused_functions()
+    assert len(functions) >= 40
+    for name, fn, needed in functions:
+        for position in range(needed):
+            args = ["8"] * needed
+            args[position] = IMPOSTORS[which]()
+            try:
+                fn(*args)
+            except ReaderError as err:
+                one_sentence(err)
+            except Exception as err:  # noqa: BLE001
+                pytest.fail(f"{name} with {which} at {position}: {type(err).__name__}: {err}")
+
+
+def test_a_fault_of_the_books_own_still_escapes_as_it_is():
+    @validate.impostors_refused
+    def broken(values):
+        return values["missing"]
+
+    with pytest.raises(KeyError):
+        broken({"present": 1})
+    with pytest.raises(validate.WrongKind, match="claims to be a dict but is a Impostor"):
+        broken(impostor(dict))

@@ -23,6 +23,7 @@ MAX_BLOCK = 64
 _PAIR = re.compile(r"\(\s*(-?[0-9]{1,9})\s*,\s*(-?[0-9]{1,9})\s*\)", re.ASCII)
 
 
+@validate.impostors_refused
 def block_values(device_id: int, block: tuple[int, ...]) -> np.ndarray:
     """The block a device starts with: a leading 1, then its device id, then the position.
 
@@ -41,6 +42,7 @@ def block_values(device_id: int, block: tuple[int, ...]) -> np.ndarray:
     return (10 * step + device_id * step + np.arange(size, dtype=np.int32)).reshape(block)
 
 
+@validate.impostors_refused
 def parse_perm(text: str, size: int) -> tuple[tuple[int, int], ...]:
     """``"shift"``, ``"ring"`` or (source, destination) pairs such as ``"(0, 1), (1, 0)"``.
 
@@ -140,6 +142,7 @@ class Choice:
         return self.mesh_shape[self.axis_names.index(self.axis)]
 
 
+@validate.impostors_refused
 def check_collective(
     collective, mesh_shape, axis, axis_names, block_shape, dimension, concat_dimension, tiled, perm
 ) -> Choice:
@@ -228,6 +231,7 @@ def _inputs(sizes, names, block):
     return values, jax.device_put(values, NamedSharding(on, P(*names)))
 
 
+@validate.impostors_refused
 def call_text(c: Choice) -> str:
     """The ``jax.lax`` call a choice runs, as a reader would write it."""
     options = {
@@ -240,6 +244,7 @@ def call_text(c: Choice) -> str:
     return f"jax.lax.{c.collective}(block, {c.axis!r}{options})"
 
 
+@validate.impostors_refused
 def render_collective(
     collective: str = "psum",
     mesh_shape: str = "(8,)",

@@ -12,6 +12,7 @@ AXIS_TYPES = ("Explicit", "Auto")
 DEFAULT_NAMES = {1: "data", 2: "data, model", 3: "pipe, data, model"}
 
 
+@validate.impostors_refused
 def mesh_shapes(device_count: int) -> list[tuple[int, ...]]:
     """Mesh shapes that use every device: 1D, all 2D splits, and 3D splits without 1s."""
     device_count = validate.whole(
@@ -27,6 +28,7 @@ def mesh_shapes(device_count: int) -> list[tuple[int, ...]]:
     return shapes
 
 
+@validate.impostors_refused
 @functools.lru_cache(maxsize=64)
 def mesh(mesh_shape: tuple[int, ...], axis_names: tuple[str, ...], axis_type: str = "Explicit"):
     """The mesh of a choice, built once: going back to a choice costs nothing."""

@@ -27,6 +27,7 @@ LAYOUTS = {  # name -> how it splits the chips
 _GIB = 2**30
 
 
+@validate.impostors_refused
 def layout_degrees(layout: str, chips: int) -> dict:
     """The ``serve`` keywords of a named layout on ``chips`` chips."""
     layout = validate.choice(layout, list(LAYOUTS), "a layout", error=sizing.SizingError)
@@ -58,6 +59,7 @@ class Choice:
     batch: int
 
 
+@validate.impostors_refused
 def check_serving(model, hardware, layout, chips, batch) -> Choice:
     """The ``Choice`` for what a reader picked, or ``SizingError`` in one sentence."""
     error = sizing.SizingError
@@ -69,6 +71,7 @@ def check_serving(model, hardware, layout, chips, batch) -> Choice:
     return Choice(model, hardware, layout, chips, tuple(degrees.items()), batch)
 
 
+@validate.impostors_refused
 def render_serving(model: str, hardware: str, layout: str, chips, batch) -> str:
     """HTML for one choice: memory per chip against its HBM, and the decode step's bound."""
     return display.styled(_answer(model, hardware, layout, chips, batch))

@@ -33,6 +33,7 @@ class Choice:
     show_ids: bool = True
 
 
+@validate.impostors_refused
 def spec_choices(axis_names) -> list[str]:
     """What one array dimension can be sharded over: nothing, one axis, or two axes together."""
     axis_names = validate.plain(axis_names)
@@ -59,6 +60,7 @@ def _small_enough(shape) -> None:
         )
 
 
+@validate.impostors_refused
 def check(array_shape, mesh_shape, axis_names, spec, axis_type="Explicit", show_ids=True):
     """The ``Choice`` for what a reader typed, or ``SpecError`` with one sentence."""
     import jax
@@ -89,6 +91,7 @@ def _body(choice: Choice) -> str:
     return display.shard_table(x, show_ids=choice.show_ids, title=title).html
 
 
+@validate.impostors_refused
 def render_sharding(
     array_shape: str,
     mesh_shape: str,
@@ -117,6 +120,7 @@ def _answer(*typed) -> str:
         return display.error_html(f"JAX cannot place this array: {first_sentence(err)}.")
 
 
+@validate.impostors_refused
 def static_sharding_explorer(array_shape: str = "(8, 4)") -> str:
     """The explorer without a kernel: every mesh shape and spec pre-rendered for one array.
 
@@ -157,6 +161,7 @@ def static_sharding_explorer(array_shape: str = "(8, 4)") -> str:
     )
 
 
+@validate.impostors_refused
 def sharding_explorer(array_shape: str = "(8, 4)") -> static_forms.Form:
     """The sharding explorer: pick mesh, axis names and types, and a spec per array dimension.
 

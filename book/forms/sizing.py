@@ -27,6 +27,7 @@ _GIB = 2**30
 _DEFAULTS = tuple(SIZING_DEFAULTS.values())
 
 
+@validate.impostors_refused
 def layout_degrees(layout: str, chips: int) -> dict:
     """The ``plan`` keywords of a named layout on ``chips`` chips."""
     layout = validate.choice(layout, list(LAYOUTS), "a layout", error=sizing.SizingError)
@@ -67,6 +68,7 @@ class Choice:
     seq: int
 
 
+@validate.impostors_refused
 def check_sizing(model, hardware, layout, chips, global_batch, seq) -> Choice:
     """The ``Choice`` for what a reader picked and typed, or ``SizingError`` in one sentence."""
     error = sizing.SizingError
@@ -89,6 +91,7 @@ def check_sizing(model, hardware, layout, chips, global_batch, seq) -> Choice:
     return Choice(model, hardware, layout, chips, tuple(degrees.items()), batch, seq)
 
 
+@validate.impostors_refused
 def render_sizing(
     model: str,
     hardware: str,

@@ -24,6 +24,7 @@ STRATEGY_EXPLAINED = {
 }
 
 
+@validate.impostors_refused
 def strategy_mesh_choices(strategy: str, device_count: int) -> list[str]:
     """Mesh shapes the strategy form offers: axis sizes ..., 4, 2 that fit the devices.
 
@@ -42,6 +43,7 @@ def strategy_mesh_choices(strategy: str, device_count: int) -> list[str]:
     return [str(k) for k in sizes]
 
 
+@validate.impostors_refused
 def check_strategy(strategy, mesh_shape, batch, features, hidden, classes):
     """The ``book.strategies.Choice`` for what a reader picked and typed, or ``SpecError``."""
     from book import strategies
@@ -49,6 +51,7 @@ def check_strategy(strategy, mesh_shape, batch, features, hidden, classes):
     return strategies.check(strategy, mesh_shape, (batch, features, hidden, classes))
 
 
+@validate.impostors_refused
 def render_strategy(
     strategy: str,
     mesh_shape: str,

@@ -28,6 +28,7 @@ EXPLAINED = {
 MESH_SHAPES = ("8", "4x2", "2x4", "2x2x2")  # 1D, 2D and 3D meshes of 8 devices
 
 
+@validate.impostors_refused
 def mesh_choices(table: str) -> list[str]:
     """The 8-device mesh shapes a table fits: one size per mesh axis it names."""
     from book import layouts
@@ -37,6 +38,7 @@ def mesh_choices(table: str) -> list[str]:
     return [m for m in MESH_SHAPES if len(specs.parse_mesh_shape(m)) == rank]
 
 
+@validate.impostors_refused
 def check_transformer(rules, mesh_shape, batch=None, seq=None):
     """The ``book.layouts.Choice`` for what a reader picked or wrote, or ``SpecError``."""
     from book import layouts
@@ -45,6 +47,7 @@ def check_transformer(rules, mesh_shape, batch=None, seq=None):
     return layouts.check(rules, mesh_shape, *sizes)
 
 
+@validate.impostors_refused
 def render_transformer(rules, mesh_shape, batch=None, seq=None) -> str:
     """HTML for one choice of the transformer form: what a step costs each device.
 
@@ -135,6 +138,7 @@ def static_transformer_explorer() -> str:
     )
 
 
+@validate.impostors_refused
 def transformer_explorer(programs: dict | None = None) -> static_forms.Form:
     """The transformer form: pick a rules table and a mesh; see one step's costs.
 
