@@ -9,13 +9,10 @@ which one slow run (another process, a page fault) cannot move.
 from __future__ import annotations
 
 import math
-import os
-import re
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from book import validate
 
@@ -91,34 +88,3 @@ def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Ti
         _block(f(*args, **kwargs))
         times.append(time.perf_counter() - start)
     return Timing(statistics.median(times), min(times), tuple(times))
-
-
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def largest_cache_bytes(root="/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """The size of this host's largest CPU cache, as Linux's sysfs tells it; None elsewhere.
-
-    A memory bandwidth measured on arrays that fit in this cache is the cache's, not main
-    memory's, so a chapter that measures one says which it was.
-    """
-    try:
-        folder = validate.plain(os.fspath(root) if isinstance(root, os.PathLike) else root)
-    except Exception:  # noqa: BLE001 - a path object whose own conversion fails
-        folder = None
-    if not isinstance(folder, str) or "\0" in folder:
-        raise validate.WrongKind(f"root must be a folder path, not {validate.describe(root)}.")
-    try:
-        entries = sorted(Path(folder).glob("index*"))
-    except OSError:  # a name too long, or a folder that cannot be read: no size is known
-        return None
-    sizes = []
-    for entry in entries:
-        try:
-            text = (entry / "size").read_text().strip()
-        except OSError:
-            continue
-        found = re.fullmatch(r"([0-9]{1,15})([KMG]?)", text)
-        if found:
-            sizes.append(int(found[1]) * _UNITS[found[2]])
-    return max(sizes, default=None)

@@ -92,12 +92,3 @@ def test_a_result_jax_cannot_walk_is_refused_in_one_sentence(kind):
     with pytest.raises(ReaderError, match="f returned") as caught:
         timing.measure(lambda: result, warmup=0, runs=1)
     assert "\n" not in str(caught.value)
-
-
-def test_largest_cache_is_read_from_sysfs(tmp_path):
-    for name, size in [("index0", "48K"), ("index2", "1024K"), ("index3", "32768K")]:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "size").write_text(size + "\n")
-    (tmp_path / "index4").mkdir()  # an entry without a size is skipped
-    assert timing.largest_cache_bytes(tmp_path) == 32 * 2**20
-    assert timing.largest_cache_bytes(tmp_path / "missing") is None
