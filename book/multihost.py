@@ -41,7 +41,6 @@ _SCAN_SECONDS = 0.25  # how often the workers' descendants are looked up while t
 _FOLDER_PREFIX = "book-multihost-"
 _PORT_TRIES = 3  # launches tried, each on a new port, when the coordinator's port was taken
 _RANDOM = random.SystemRandom()  # ports stay apart even where a reader seeded random
-_PORT_CLASH = re.compile(r"Address already in use|EADDRINUSE|Failed to add port", re.IGNORECASE)
 
 EnvChoice = Mapping[str, "str | None"] | Callable[[int], Mapping[str, "str | None"]] | None
 
@@ -491,6 +490,21 @@ def _log(folder: Path, i: int) -> str:
     return _read(folder / f"{i}.err", 64 * 1024).strip() or _read(folder / f"{i}.out", 64 * 1024)
 
 
+def _port_taken(log: str, address: str) -> bool:
+    """Whether a log shows JAX's coordinator failing to listen on ``address``'s port.
+
+    The coordinator runs in process 0, and gRPC reports the failure in one line naming the
+    port; the same words anywhere else (a server of the reader's own) are not the launch's.
+    """
+    port = address.rpartition(":")[2]
+    return any(
+        "Failed to add port to server" in line
+        and f":{port}'" in line
+        and "Address already in use" in line
+        for line in log.splitlines()
+    )
+
+
 def _exit_reason(code: int) -> str:
     if code < 0:
         try:
@@ -632,6 +646,7 @@ class Job:
         self.started = time.monotonic()
         self.ended: dict[int, float] = {}  # process index: seconds after start when it exited
         self._next_scan = 0.0
+        self._kept: Outputs | None = None  # what the workers printed, once the job stopped
 
     def __enter__(self) -> Job:
         return self
@@ -644,11 +659,15 @@ class Job:
         return len(self.procs)
 
     def output(self, process: int) -> str:
-        """What worker ``process`` has printed to stdout so far."""
+        """What worker ``process`` has printed to stdout so far (all of it, once stopped)."""
+        if self._kept is not None:
+            return self._kept[self._index(process)]
         return _read(self.folder / f"{self._index(process)}.out")
 
     def outputs(self) -> Outputs:
-        """What every worker has printed so far, in process order."""
+        """What every worker has printed so far, in process order (all of it, once stopped)."""
+        if self._kept is not None:
+            return self._kept
         return _outputs(self.folder, len(self.procs), self.path)
 
     def exit_codes(self) -> list[int | None]:
@@ -677,6 +696,7 @@ class Job:
         """
         i = self._index(process)
         regex = validate.pattern(pattern)
+        self._still_running("wait_for")
         while True:
             found = regex.search(self.output(i))
             if found:
@@ -697,6 +717,7 @@ class Job:
         At the first failure every other worker is stopped and ``WorkerError`` raised, as
         ``launch`` does.
         """
+        self._still_running("wait")
         _wait(
             self.procs,
             self.folder,
@@ -715,6 +736,7 @@ class Job:
         Nothing is stopped from here (unless the job's timeout passes: then all are killed and
         ``WorkerError`` is raised). ``ended`` says when each one exited, in seconds after start.
         """
+        self._still_running("wait_for_exits")
         while True:
             codes = self._check(stop_at_failure=False)
             if all(code is not None for code in codes):
@@ -725,7 +747,17 @@ class Job:
         """Kill every worker still running and everything below it; remove the job's folder."""
         with _interrupts_deferred():
             _stop(self.procs, self.seen, self.folder)
+            if self._kept is None:
+                self._kept = _outputs(self.folder, len(self.procs), self.path)
             shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _still_running(self, call: str) -> None:
+        if self._kept is not None:
+            raise ReaderError(
+                f"The job running {self.path.name} has stopped (its with block ended), so there "
+                f"is nothing to {call.replace('_', ' ')}; call {call} inside the with block, "
+                "and read outputs() after it."
+            )
 
     def _index(self, process) -> int:
         return validate.whole(
@@ -772,7 +804,7 @@ def _wait(
         failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
         if failed:
             i = failed[0]
-            clash = [j for j in failed if _PORT_CLASH.search(_log(folder, j))]
+            clash = [j for j in failed if j == 0 and _port_taken(_log(folder, j), address)]
             if clash:
                 fix = (
                     "choose another port in JAX_COORDINATOR_ADDRESS"

@@ -11,6 +11,7 @@ output (``srun --label``) split into one text per task, without Gloo's connectio
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -201,7 +202,11 @@ def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> 
             "processes must be a dict from names to running subprocess.Popen objects, not "
             f"{validate.describe(processes)}."
         )
-    if not isinstance(logs, dict) or any(name not in logs for name in processes):
+    if (
+        not isinstance(logs, dict)
+        or any(name not in logs for name in processes)
+        or not all(isinstance(logs[name], (str, os.PathLike)) for name in processes)
+    ):
         raise SlurmError(
             f"logs must be a dict with a log file for each of {validate.describe(list(processes))}"
             f", not {validate.describe(logs)}."
@@ -227,6 +232,8 @@ def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> 
             if found:
                 try:
                     moments[name] = float(found.group(1))
+                    if not math.isfinite(moments[name]):
+                        raise ValueError
                 except (TypeError, ValueError):
                     raise SlurmError(
                         f"start's group matched {validate.describe(found.group(1))} in the log "

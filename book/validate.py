@@ -16,6 +16,8 @@ import math
 import numbers
 import os
 import re
+import re._constants as _re_constants
+import re._parser as _re_parser
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -27,6 +29,7 @@ MAX_DEVICES = 16384  # more devices than any machine JAX runs on has
 MAX_AXES = 8  # mesh axes and array dimensions a reader can type
 MAX_SECONDS = 3600.0  # the longest the book waits for anything
 MAX_TEXT = 200  # the longest text a reader types into a form
+_POSSESSIVE = getattr(_re_constants, "POSSESSIVE_REPEAT", None)
 _DIGITS = re.compile(r"[+-]?[0-9]{1,19}", re.ASCII)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}", re.ASCII)
 _WORKER_BYTES = 300 * 2**20  # what one JAX worker process needs, roughly
@@ -467,16 +470,49 @@ def signal_of(value, what: str = "sig", *, error: type[ReaderError] = ReaderErro
 
 
 def pattern(value, what: str = "the pattern", *, error: type[ReaderError] = ReaderError):
-    """A regular expression, compiled to match within lines (``re.M``)."""
+    """A regular expression, compiled to match within lines (``re.M``).
+
+    Python's ``re`` cannot be interrupted, and a repeat around another repeat or around
+    alternatives, such as ``(a+)+`` or ``(a|aa)+``, can take exponential time on a line that
+    almost matches: such patterns are refused, so that a search of a program's output ends.
+    """
     found = text(value, what, example="r'step (\\d+)'", limit=1000, error=error)
     try:
-        return re.compile(found, re.M)
+        compiled = re.compile(found, re.M)
+        nested = _nested_repeat(_re_parser.parse(found, re.M))
     except (re.error, RecursionError, OverflowError) as err:
         why = getattr(err, "msg", None) or type(err).__name__
         raise error(
             f"{what[:1].upper()}{what[1:]} is no regular expression Python reads ({why}); fix "
             "it, or pass re.escape(text) to match text as it is."
         ) from None
+    if nested:
+        raise error(
+            f"{what[:1].upper()}{what[1:]} repeats a group that itself repeats or has "
+            "alternatives, such as (a+)+, which can search for hours; repeat single characters "
+            "or classes only, such as r'step (\\d+)'."
+        )
+    return compiled
+
+
+def _nested_repeat(parsed, inside: bool = False) -> bool:
+    """Whether a parsed pattern has a repeat (of more than one) around a repeat or a branch."""
+    for op, arg in parsed:
+        if op in (_re_constants.MAX_REPEAT, _re_constants.MIN_REPEAT, _POSSESSIVE):
+            low, high, body = arg
+            repeats = high is _re_constants.MAXREPEAT or high > 1
+            if (inside and repeats) or _nested_repeat(body, inside or repeats):
+                return True
+        elif op is _re_constants.BRANCH:
+            if inside or any(_nested_repeat(b, inside) for b in arg[1]):
+                return True
+        elif op is _re_constants.SUBPATTERN:
+            if _nested_repeat(arg[-1], inside):
+                return True
+        elif op in (_re_constants.ASSERT, _re_constants.ASSERT_NOT):
+            if _nested_repeat(arg[1], inside):
+                return True
+    return False
 
 
 def callable_(value, what: str, *, error: type[ReaderError] = ReaderError):

@@ -564,6 +564,45 @@ def test_a_taken_port_is_replaced_by_a_free_one(tmp_path, monkeypatch):
     assert not folders_of(os.getpid())
 
 
+def test_a_workers_own_address_in_use_is_its_own_error(tmp_path):
+    """The words gRPC prints for the coordinator, printed by the script itself: one run."""
+    script = tmp_path / "w.py"
+    runs = tmp_path / "runs"
+    script.write_text(
+        "import os, sys\n"
+        f"open({str(runs)!r}, 'a').write('ran\\n')\n"
+        "sys.exit('my server: [Errno 98] Address already in use')\n"
+    )
+    with pytest.raises(WorkerError, match="exit code 1") as caught:
+        launch(script, num_processes=2, devices_per_process=1, timeout=30)
+    assert not caught.value.port_taken and "coordinator" not in str(caught.value)
+    assert runs.read_text().count("ran") <= 2  # each worker at most once: no second launch
+    assert_nothing_left(tmp_path)
+
+
+def test_a_stopped_job_keeps_its_output_and_refuses_to_wait(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text("print('hello from a worker')\n")
+    with book.multihost.start(script, num_processes=2, devices_per_process=1, timeout=30) as job:
+        assert job.wait_for_exits() == [0, 0]
+    assert job.output(1) == "hello from a worker\n"
+    assert [text.strip() for text in job.outputs()] == ["hello from a worker"] * 2
+    for call in (job.wait, job.wait_for_exits, lambda: job.wait_for("hello")):
+        with pytest.raises(ReaderError, match="has stopped"):
+            call()
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("pattern", [r"^(a+)+$", r"(a|aa)+$", r"(\d+\.)+"])
+def test_a_pattern_that_can_search_for_hours_is_refused(tmp_path, pattern):
+    script = tmp_path / "w.py"
+    script.write_text("print('a' * 40 + '!', flush=True)\n")
+    with book.multihost.start(script, num_processes=1, devices_per_process=1, timeout=30) as job:
+        with pytest.raises(ReaderError, match="can search for hours"):
+            job.wait_for(pattern)
+    assert_nothing_left(tmp_path)
+
+
 DRIVER_SESSION = (
     "import sys, book.multihost as m; "
     "m.launch(sys.argv[1], num_processes=2, timeout=120, args=[sys.argv[2], 'direct'])"

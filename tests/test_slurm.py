@@ -165,3 +165,15 @@ def test_a_job_reads_no_file_an_earlier_job_of_its_id_left(tmp_path):
     assert job.text() == "" and job.errors(0) == "" and job.outputs() == ["", ""]
     out.write_text("0: process 0 of 2: from step 5\n")  # the job's own, written now
     assert job.output(0) == "process 0 of 2: from step 5\n"
+
+
+@pytest.mark.parametrize("printed", ["nan", "inf", "-inf"])
+def test_time_from_refuses_a_moment_that_is_no_time(tmp_path, printed):
+    log = tmp_path / "a.out"
+    log.write_text(f"fails at: {printed}\n")
+    run = subprocess.Popen([sys.executable, "-c", "pass"])
+    run.wait()
+    with pytest.raises(SlurmError, match="which is no time.time"):
+        book.slurm.time_from({"a": run}, {"a": log}, r"fails at: (\S+)", 1, timeout=5)
+    with pytest.raises(SlurmError, match="logs must be a dict"):
+        book.slurm.time_from({"a": run}, {"a": 5}, r"fails at: (\S+)", 1, timeout=5)
