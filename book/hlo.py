@@ -144,8 +144,9 @@ def _parse(text: str) -> _Module:
     header = text.split("\n", 1)[0]
     partitions = re.search(r"num_partitions=(\d+)", header)
     replicas = re.search(r"replica_count=(\d+)", header)
-    num_devices = int(partitions.group(1)) if partitions else 1
-    num_devices *= int(replicas.group(1)) if replicas else 1
+    num_devices = _devices(partitions.group(1)) if partitions else 1
+    num_devices *= _devices(replicas.group(1)) if replicas else 1
+    _devices(str(num_devices))
     for line in text.splitlines():
         if current is None:
             m = _COMPUTATION.match(line)
@@ -190,7 +191,13 @@ def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
     for elem, dims in _ARRAY.findall(type_text):
         if elem == "token":
             continue
-        sizes = tuple(int(d.replace("<=", "")) for d in dims.split(",") if d.strip())
+        try:
+            sizes = tuple(int(d.replace("<=", "")) for d in dims.split(",") if d.strip())
+        except ValueError:  # a dimension of thousands of digits, edited by hand
+            raise HloError(
+                f"Cannot read the dimensions {validate.describe(dims[:40])}; pass the text a "
+                "compiled program printed."
+            ) from None
         found.append((elem, sizes))
     return found
 
@@ -218,7 +225,18 @@ def _dtype_name(elem: str) -> str:
     return f"{base}_{rest}" if rest else base
 
 
+def _devices(digits: str) -> int:
+    """A count of devices written in a program's text: at most what any machine has."""
+    if len(digits) > 6 or int(digits) > validate.MAX_DEVICES:
+        raise HloError(
+            f"The text names {validate.describe(digits)} devices, more than any machine has "
+            f"({validate.MAX_DEVICES:,}); pass the text a compiled program printed."
+        )
+    return int(digits)
+
+
 def _iota(dims, reshape, perm) -> np.ndarray:
+    _devices(str(math.prod(reshape)))
     values = np.arange(math.prod(reshape)).reshape(reshape)
     if perm:
         values = values.transpose(perm)
@@ -236,6 +254,7 @@ def _explicit_groups(text: str) -> list[list[int]]:
 
 def _mesh_devices(sizes: list[int], ids_text: str | None) -> np.ndarray:
     """The device array of a mesh: iota unless ``device_ids=`` gives an iota tile or a list."""
+    _devices(str(math.prod(sizes)))
     if not ids_text:
         return np.arange(math.prod(sizes)).reshape(sizes)
     iota = re.fullmatch(r"\s*\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", ids_text)
@@ -309,7 +328,7 @@ def _groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
         return _read_groups(attrs, num_devices)
     except HloError:
         raise
-    except (ValueError, IndexError, KeyError):
+    except (ValueError, IndexError, KeyError, ZeroDivisionError):
         raise HloError(
             f"Cannot read replica groups from {validate.describe(attrs[:80], 80)}."
         ) from None
@@ -397,7 +416,8 @@ def loop_trips(compiled) -> dict[str, int]:
     sits in, so a collective in a loop runs that many times a step. A loop inside another loop's
     body runs its count once per trip of the outer one (chapter 14's pipeline: the layers' loop
     inside the schedule's), also where XLA:CPU wraps the inner ``while`` in a computation of its
-    own that the outer body calls.
+    own that the outer body calls. A loop in a branch of a ``conditional`` counts as if the branch
+    ran at every trip of the loops around it: the most it can run.
     """
     loops, caller, computation = {}, {}, None
     for line in _text(compiled).splitlines():
@@ -405,18 +425,26 @@ def loop_trips(compiled) -> dict[str, int]:
         if header:
             computation = header.group(1)
             continue
-        for callee in re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", line):
+        callees = re.findall(
+            r"(?:calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)",
+            line,
+        )
+        for branches in re.findall(r"branch_computations=\{([^}]*)\}", line):
+            callees += re.findall(r"%?([\w.\-]+)", branches)
+        for callee in callees:
             caller.setdefault(callee, computation)
-        found = re.search(r'body=%?([\w.\-]+).*"known_trip_count":\{"n":"(\d+)"', line)
+        found = re.search(r'body=%?([\w.\-]+).*"known_trip_count":\{"n":"(\d{1,18})"', line)
         if found:
             loops[found.group(1)] = int(found.group(2))
 
-    def runs(name, seen=()):
+    def runs(name):
         """How often a computation runs per call of the program; 1 for the entry."""
-        if name in seen or name not in caller:  # the entry, or a text that calls itself
-            return 1
-        outer = runs(caller[name], (*seen, name))
-        return loops.get(name, 1) * outer
+        count, seen = 1, set()
+        while name in caller and name not in seen:  # up to the entry; a cycle stops it
+            seen.add(name)
+            count *= loops.get(name, 1)
+            name = caller[name]
+        return count
 
     return {body: runs(body) for body in loops}
 
@@ -740,6 +768,11 @@ class CompilerMessages:
         self._file = None
 
     def __enter__(self):
+        if self._saved is not None:
+            raise HloError(
+                "This compiler_messages() is already catching messages; leave its with block "
+                "first, or use a new compiler_messages() inside it."
+            )
         sys.stderr.flush()
         self._file = tempfile.TemporaryFile(mode="w+b")
         self._saved = os.dup(2)
@@ -749,6 +782,7 @@ class CompilerMessages:
     def __exit__(self, *exc):
         os.dup2(self._saved, 2)
         os.close(self._saved)
+        self._saved = None
         self._file.seek(0)
         text = self._file.read().decode(errors="replace")
         self._file.close()

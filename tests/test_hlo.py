@@ -527,6 +527,31 @@ def test_loop_trips_multiplies_a_loop_by_the_loops_around_it():
     assert list(book.hlo.loop_trips(single.lower(jnp.ones(2)).compile()).values()) == [5]
 
 
+def test_loop_trips_follows_a_conditional_branch_and_deep_nesting():
+    def looped_cond(x):
+        def body(i, x):
+            inner = lambda y: jax.lax.fori_loop(0, 11, lambda j, z: z + 1, y)  # noqa: E731
+            return jax.lax.cond(x.sum() > 0, inner, lambda y: y, x)
+
+        return jax.lax.fori_loop(0, 4, body, x)
+
+    trips = book.hlo.loop_trips(jax.jit(looped_cond).lower(jnp.ones(4)).compile())
+    assert sorted(trips.values()) == [4, 44]  # the branch's loop, at most once per outer trip
+    # 3,000 loops, each body calling the next: counted without recursion, absurd counts skipped.
+    lines = []
+    for i in range(3000):
+        lines += [
+            f"%b{i} (p: f32[]) -> f32[] {{",
+            f"  %w = f32[] while(%p), condition=%c, body=%b{i + 1},"
+            ' backend_config={"known_trip_count":{"n":"1"}}',
+            "}",
+        ]
+    lines += ["ENTRY %main (x: f32[]) -> f32[] {", "  ROOT %w = f32[] while(%x), body=%b0,"
+              ' backend_config={"known_trip_count":{"n":"' + "9" * 5000 + '"}}', "}"]  # fmt: skip
+    deep = book.hlo.loop_trips("\n".join(lines))
+    assert len(deep) == 3000 and set(deep.values()) == {1}
+
+
 def test_loop_trips_reads_hand_written_text_and_refuses_stablehlo():
     text = (
         "%body (p: f32[]) -> f32[] {\n"
@@ -538,3 +563,40 @@ def test_loop_trips_reads_hand_written_text_and_refuses_stablehlo():
     assert book.hlo.loop_trips(text) == {"body": 7}  # a body that calls itself stops, not recurses
     with pytest.raises(book.hlo.HloError, match="StableHLO"):
         book.hlo.loop_trips(jax.jit(jnp.sin).lower(1.0).as_text())
+
+
+def test_compiler_messages_refuse_a_second_entry_and_keep_fd_2(capfd):
+    log = book.hlo.compiler_messages()
+    with log:
+        with pytest.raises(book.hlo.HloError, match="already catching"):
+            with log:
+                pass
+    with log:  # once left, the same object can be used again
+        os.write(2, b"caught\n")
+    assert log.lines == ["caught"]
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        "replica_groups=[1,100000000000]<=[100000000000]",
+        "replica_groups=mesh['a'=100000000000]{'a'}",
+        "replica_groups=mesh['a'=8]{'a':(0)2}",
+    ],
+)
+def test_replica_groups_past_any_machine_are_refused(groups):
+    text = (
+        "HloModule m, num_partitions=8\n\nENTRY %main (p: f32[8]) -> f32[8] {\n"
+        "  %p = f32[8]{0} parameter(0)\n"
+        f"  ROOT %ar = f32[8]{{0}} all-reduce(f32[8]{{0}} %p), {groups}, to_apply=%add\n}}\n"
+    )
+    with pytest.raises(book.hlo.HloError):
+        book.hlo.collectives(text)
+    huge = text.replace("num_partitions=8", "num_partitions=100000000000")
+    with pytest.raises(book.hlo.HloError, match="more than any machine"):
+        book.hlo.collectives(huge.replace(f", {groups}", ""))
+    wide = text.replace("f32[8]{0} all-reduce", "f32[" + "9" * 5000 + "]{0} all-reduce")
+    with pytest.raises(book.hlo.HloError):
+        book.hlo.collectives(wide)
