@@ -64,8 +64,8 @@ def test_collective_share_refuses_an_empty_run_without_blaming_the_reader():
     rejected(exercises.ch17_collective_share(shares, [], KINDS), "pass last")
 
 
-def test_as_rate_accepts_any_one_type():
-    for answer in (np.float32, jnp.float32, float):
+def test_as_rate_accepts_one_weak_type():
+    for answer in (float, lambda v: jnp.asarray(float(v))):
         verdict = exercises.ch17_as_rate(answer)
         assert verdict.ok, verdict.message
         assert "one compiled step" in verdict.message
@@ -80,6 +80,8 @@ def test_as_rate_accepts_any_one_type():
         (lambda v: "0.1", "which JAX cannot pass to a step"),
         (lambda v: np.full(2, v, np.float32), "return one number"),
         (lambda v: np.float32(0.1), "changed the rate's value"),
+        (np.float32, "turns bfloat16 weights into float32"),
+        (jnp.float32, "turns bfloat16 weights into float32"),
     ],
 )
 def test_as_rate_names_the_usual_mistakes(answer, words):

@@ -124,7 +124,8 @@ def ch17_as_rate(as_rate):
     scalars, a strong float32 JAX array (what optax 0.2.8's ``linear_schedule`` returns for an
     int32 step count) and a weak one (what its ``cosine_decay_schedule`` returns) go through
     ``as_rate`` into a jitted update that counts its traces: one trace, and each rate's value
-    kept to float32 precision.
+    kept to float32 precision. Then the same rates update bfloat16 weights, which must stay
+    bfloat16: a strongly typed float32 rate would promote them, and the next step trace again.
     """
     import jax
     import jax.numpy as jnp
@@ -172,7 +173,19 @@ def ch17_as_rate(as_rate):
             f"The step compiled {len(traces)} times: as_rate gave {types[first]} for {first} "
             f"but {types[other]} for {other}; give every kind of value the same type."
         )
-    return f"five kinds of learning rate, one type ({types['0.1']}), one compiled step."
+    low = jnp.ones(4, jnp.bfloat16)
+    for label, value in values.items():
+        kind = jax.eval_shape(update, low, as_rate(value)).dtype
+        need(
+            kind == jnp.bfloat16,
+            f"as_rate({label}) turns bfloat16 weights into {kind}: a strongly typed float32 "
+            "rate promotes w - rate * g, and the next step traces again; return a weakly "
+            "typed rate, which takes the weights' dtype, such as float(value).",
+        )
+    return (
+        f"five kinds of learning rate, one type ({types['0.1']}), one compiled step, and "
+        "bfloat16 weights kept bfloat16."
+    )
 
 
 # Sizes exercise 17.3 tries, and the one whose lowered program it counts too.
