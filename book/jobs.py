@@ -283,7 +283,7 @@ def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=Non
             f"script must be the path of the Python file the tasks run, not "
             f"{validate.describe(script)}."
         )
-    num_tasks = validate.whole(num_tasks, "num_tasks", example=2)
+    num_tasks = validate.whole(num_tasks, "num_tasks", high=validate.MAX_DEVICES, example=2)
     timeout = validate.seconds(timeout, "timeout")
     args = _check_args(args)
     if env is not None and not isinstance(env, Mapping):
@@ -302,7 +302,14 @@ def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=Non
     command = ["sbatch", "--parsable", f"--job-name={name}", f"--output={name}-%j.out"]
     command += [f"--export=ALL{',' + exports if exports else ''}", batch_script, *args]
     submitted = time.time()
-    job_id = int(slurm.run(command).strip().split(";")[0])
+    printed = slurm.run(command).strip()
+    try:
+        job_id = int(printed.split(";")[0])
+    except ValueError:
+        raise ReaderError(
+            f"sbatch --parsable printed {validate.describe(printed, 60)}, not a job id; check "
+            "that 'sbatch' here is Slurm's own, not a wrapper that rewrites its output."
+        ) from None
     output = Path(f"{name}-{job_id}.out").resolve()
     job = SlurmJob(job_id, Path(str(script)).name, num_tasks, output, timeout, submitted)
     return job, shlex.join(command)

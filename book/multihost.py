@@ -250,8 +250,11 @@ def _check_args(args) -> list[str]:
                     f"Each argument must be a text, a number or a path, not "
                     f"{validate.describe(arg)}."
                 )
-        if "\0" in text:
-            raise ReaderError("An argument holds a NUL character, which no command line can carry.")
+        if "\0" in text or not validate.encodable(text):
+            raise ReaderError(
+                "An argument holds a NUL or a character that is not text (a lone surrogate), "
+                "which no command line can carry; remove it."
+            )
         out.append(text)
     if sum(len(a) for a in out) > 100_000:
         raise ReaderError(
@@ -292,7 +295,20 @@ def _check_env(env, n: int) -> list[dict[str, str | None]]:
                     value = os.fspath(value)
                 except Exception:  # noqa: BLE001 - a path object whose conversion fails
                     value = object()
-            if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            if isinstance(value, (np.integer, np.floating)) and not isinstance(value, bool):
+                value = value.item()
+            if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+                raise ReaderError(
+                    f"The variable {key!r} is set to {validate.describe(value)}, a number too "
+                    "large for an environment; give a smaller one or a text."
+                )
+            if (
+                not isinstance(key, str)
+                or not key
+                or "=" in key
+                or "\0" in key
+                or not validate.encodable(key)
+            ):
                 raise ReaderError(
                     f"{validate.describe(key)} is not a variable name; use names such as "
                     "'SLURM_PROCID'."
@@ -304,8 +320,11 @@ def _check_env(env, n: int) -> list[dict[str, str | None]]:
                     f"The variable {key!r} is set to {validate.describe(value)}; give a text, "
                     "a number, or None to remove it."
                 )
-            if value is not None and "\0" in str(value):
-                raise ReaderError(f"The variable {key!r} holds a NUL character; remove it.")
+            if value is not None and ("\0" in str(value) or not validate.encodable(str(value))):
+                raise ReaderError(
+                    f"The variable {key!r} holds a NUL or a character that is not text (a lone "
+                    "surrogate); remove it."
+                )
             checked[key] = None if value is None else str(value)
         extras.append(checked)
     return extras

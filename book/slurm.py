@@ -37,7 +37,7 @@ ENDED = {
 }
 USABLE = {"idle", "mix"}  # node states (sinfo's %t) with CPUs free for a new job
 _POLL_SECONDS = 0.2
-_LABEL = re.compile(r"^(\d+): ?(.*)$")
+_LABEL = re.compile(r"^(\d{1,9}): ?(.*)$")
 
 # Gloo announces each connection on stdout, from one thread per local device at once, and
 # writes its notice in pieces ("[Gloo] Rank ", "2", " is connected to ", ...), so under srun
@@ -104,7 +104,7 @@ def _command(command) -> list[str]:
             word = None
         if validate._is_whole(word):
             word = str(int(word))
-        if not isinstance(word, str) or "\0" in word:
+        if not isinstance(word, str) or "\0" in word or not validate.encodable(word):
             raise SlurmError(
                 f"Each word of the command must be a text, a path or a whole number, not "
                 f"{validate.describe(word)}."
@@ -162,7 +162,7 @@ def step(command: list[str], num_tasks: int = 2, timeout: float = 120) -> Output
     ``SlurmError`` with the end of its output.
     """
     command = _command(command)
-    num_tasks = validate.whole(num_tasks, "num_tasks", example=2)
+    num_tasks = validate.whole(num_tasks, "num_tasks", high=validate.MAX_DEVICES, example=2)
     timeout = validate.seconds(timeout, "timeout")
     try:
         done = _started(command, timeout)
@@ -308,7 +308,7 @@ def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
     so are Gloo's connection notices, as ``book.multihost.launch`` leaves them out.
     """
     text = validate.text(text, "the output", example="'0: ...'", limit=2**31, empty=True)
-    num_tasks = validate.whole(num_tasks, "num_tasks", example=2)
+    num_tasks = validate.whole(num_tasks, "num_tasks", high=validate.MAX_DEVICES, example=2)
     lines: list[list[str]] = [[] for _ in range(num_tasks)]
     for line in text.splitlines():
         found = _LABEL.match(line)

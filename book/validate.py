@@ -394,6 +394,16 @@ def text(
     return value
 
 
+def encodable(value: str) -> bool:
+    """Whether a text can be handed to another program: a lone surrogate such as ``'\\ud800'``
+    cannot (those that stand for bytes of a file name can, as ``os.fsencode`` writes them)."""
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def optional_text(value, name: str, *, example: str, error: type[ReaderError] = ReaderError):
     """``None`` or a short text, such as a title."""
     return None if value is None else text(value, name, example=example, empty=True, error=error)

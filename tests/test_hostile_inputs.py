@@ -1033,3 +1033,45 @@ def test_a_fault_of_the_books_own_still_escapes_as_it_is():
         broken({"present": 1})
     with pytest.raises(validate.WrongKind, match="claims to be a dict but is a Impostor"):
         broken(impostor(dict))
+
+
+SURROGATE = "\ud800"  # no character: os.fsencode cannot write it for another program
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: book_multihost().launch(s, args=[SURROGATE], timeout=10),
+        lambda s: book_multihost().launch(s, env={"X": SURROGATE}, timeout=10),
+        lambda s: book_multihost().launch(s, env={SURROGATE: "1"}, timeout=10),
+        lambda s: book_multihost().launch(s, env={"X": 10**5000}, timeout=10),
+        lambda s: slurm.run(["echo", SURROGATE]),
+        lambda s: slurm.step(["srun", SURROGATE]),
+        lambda s: slurm.tasks("0: hi", 2**31 - 1),
+        lambda s: slurm.step(["srun", "true"], num_tasks=10**6),
+    ],
+)
+def test_texts_no_program_can_take_and_absurd_task_counts_are_refused(tmp_path, call):
+    script = tmp_path / "w.py"
+    script.write_text("print('ran')\n")
+    with pytest.raises(ReaderError) as caught:
+        call(script)
+    one_sentence(caught.value)
+
+
+def book_multihost():
+    import book.multihost
+
+    return book.multihost
+
+
+def test_a_numpy_number_is_a_number_for_a_workers_environment(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text("import os\nprint(os.environ['X'], os.environ['Y'])\n")
+    env = {"X": np.int64(3), "Y": np.float32(0.5)}
+    outputs = book_multihost().launch(script, num_processes=1, timeout=30, env=env)
+    assert outputs[0].split() == ["3", "0.5"]
+
+
+def test_a_task_label_of_thousands_of_digits_is_no_task():
+    assert slurm.tasks("9" * 5000 + ": hi\n0: mine\n", 2) == ["mine\n", ""]
