@@ -295,17 +295,11 @@ class Batch:
         This is the shape of index that ``jax.make_array_from_callback`` passes; only the rows
         its first slice selects are read.
         """
-        index = validate.plain(index)
-        if not isinstance(index, (tuple, list)) or not all(isinstance(i, slice) for i in index):
-            raise ReaderError(
-                "index must be a tuple of slices, one per dimension, as "
-                f"jax.make_array_from_callback passes it, not {validate.describe(index)}."
-            )
+        index = validate.slices(index, "index")
         if len(index) > len(self.shape):
             raise ReaderError(
                 f"index has {len(index)} slices but the batch has {len(self.shape)} dimensions."
             )
-        index = tuple(index)
         first = index[0] if index else slice(None)
         values = self.source.read(self.field, self.rows[first])
         return values[(slice(None), *index[1:])]

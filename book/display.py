@@ -137,9 +137,15 @@ def _cell(v) -> str:
     if _is_number(v) and isinstance(v, int):
         return f"{v:,}" if v.bit_length() <= 1000 else validate.describe(v)
     try:
-        return str(v)
+        return _sendable(str(v))
     except Exception:  # noqa: BLE001 - an object whose str fails is named by its type
         return validate.kind(v)
+
+
+def _sendable(text: str) -> str:
+    """``text`` with each lone surrogate written as its escape (``\\ud800``): the notebook
+    sends outputs as UTF-8, which has no such character, and would fail on it."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _sequence(value, what: str, example: str) -> list:
@@ -225,7 +231,7 @@ def table(headers, rows, *, title: str | None = None, note: str | None = None) -
 def error_html(message) -> str:
     """A reader's mistake as its one sentence, in place of a result (bare markup)."""
     message = message if isinstance(message, str) else validate.describe(message)
-    return f"<div class='bk-viz bk-error'>{html.escape(message)}</div>"
+    return f"<div class='bk-viz bk-error'>{html.escape(_sendable(message))}</div>"
 
 
 # What the compiler made -------------------------------------------------------------------------
@@ -256,7 +262,7 @@ def outputs_html(texts) -> str:
         )
     columns = "".join(
         f"<div class='bk-process'><div class='bk-process-title'>process {i}</div>"
-        f"<pre>{html.escape(text.rstrip()) or '(no output)'}</pre></div>"
+        f"<pre>{html.escape(_sendable(text.rstrip())) or '(no output)'}</pre></div>"
         for i, text in enumerate(texts)
     )
     grid = f"grid-template-columns:repeat({len(texts)},minmax(0,1fr))"
@@ -521,6 +527,9 @@ def _device_grid(x):
 @validate.impostors_refused
 def mesh_text(shape) -> str:
     """A mesh's shape in prose, with its article: 'a 2x4 mesh', 'an 8-device mesh'."""
+    shape = validate.sizes(shape, "The mesh's shape", error=DisplayError)
+    if not shape:
+        raise DisplayError("The mesh's shape is empty; give one size per axis, such as (2, 4).")
     words = f"{shape[0]}-device" if len(shape) == 1 else "x".join(map(str, shape))
     # 'an' before the numbers said with a vowel first: eight, eighty..., eleven, eighteen.
     article = "an" if re.match(r"8|1[18](?!\d)", words) else "a"
@@ -795,6 +804,12 @@ def _reduced_parts(before, after, reduce, groups):
     symbol, fn = _REDUCTIONS[reduce]
     parts = {}
     for g, members in enumerate(groups):
+        shapes = {before[k][1].shape for k in members}
+        if len(shapes) > 1:
+            raise DisplayError(
+                f"The inputs reduced together have shapes {sorted(shapes)}; give the devices "
+                "of a group blocks of one shape."
+            )
         total = fn(np.stack([before[k][1] for k in members]), axis=0)
         for rank, d in enumerate(members):
             a = after[d][1]

@@ -41,6 +41,8 @@ class Summary:
 
 def index_key(index, shape) -> tuple[tuple[int, int], ...]:
     """A shard's index as (start, stop) per dimension: equal keys mean the same slice."""
+    index = validate.slices(index, "index")
+    shape = validate.sizes(shape, "shape", low=0)
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 

@@ -462,6 +462,28 @@ def sizes(
     return tuple(whole(v, f"Each entry of {what}", low=low, error=error) for v in value)
 
 
+def slices(value, what: str, *, error: type[ReaderError] = ReaderError) -> tuple[slice, ...]:
+    """A tuple of slices, such as ``jax.make_array_from_callback`` passes: each bound a whole
+    number or None, and no step of 0."""
+    value = plain(value)
+    if not isinstance(value, (tuple, list)) or not all(isinstance(i, slice) for i in value):
+        raise error(
+            f"{what} must be a tuple of slices, one per dimension, such as (slice(0, 4),), not "
+            f"{describe(value)}."
+        )
+    for i in value:
+        for bound in (i.start, i.stop, i.step):
+            if bound is not None and not _is_whole(bound):
+                raise error(
+                    f"{what} has a slice bound {describe(bound)}; use whole numbers or None."
+                )
+            if bound is not None and abs(int(bound)) > 2**62:
+                raise error(f"{what} has a slice bound too large for any array.")
+        if i.step is not None and int(i.step) == 0:
+            raise error(f"{what} has a slice step of 0; use 1, or leave it out.")
+    return tuple(value)
+
+
 def signal_of(value, what: str = "sig", *, error: type[ReaderError] = ReaderError):
     """A signal such as ``signal.SIGTERM``, its number, or its name (``'SIGTERM'``, ``'term'``)."""
     import signal

@@ -252,5 +252,9 @@ def test_batches_and_reads_refuse_what_is_not_theirs(source):
         Batch(source, "x", np.array([0, 96]))
     with pytest.raises(ReaderError, match="tuple of slices"):
         Batch(source, "x", np.array([0, 1])).read(0)
+    with pytest.raises(ReaderError, match="step of 0"):
+        Batch(source, "x", np.array([0, 1])).read((slice(0, 2, 0),))
+    with pytest.raises(ReaderError, match="slice bound 0.5"):
+        Batch(source, "x", np.array([0, 1])).read((slice(0.5, None),))
     with pytest.raises(ReaderError, match="not None"):
         epoch_order(N, None, 0)

@@ -1075,3 +1075,43 @@ def test_a_numpy_number_is_a_number_for_a_workers_environment(tmp_path):
 
 def test_a_task_label_of_thousands_of_digits_is_no_task():
     assert slurm.tasks("9" * 5000 + ": hi\n0: mine\n", 2) == ["mine\n", ""]
+
+
+def test_display_sends_a_lone_surrogate_as_its_escape():
+    from jupyter_client.session import json_packer
+
+    shown = [
+        display.table(["name"], [[SURROGATE]])._repr_html_(),
+        display.error_html(SURROGATE),
+        display.outputs_html([SURROGATE]),
+    ]
+    for markup in shown:
+        json_packer({"data": {"text/html": markup}})  # what the kernel does with an output
+        assert "\\ud800" in markup
+
+
+@pytest.mark.parametrize("shape", [8, None, "24", (), (0, 2)])
+def test_mesh_text_takes_a_shape_only(shape):
+    with pytest.raises(ReaderError) as caught:
+        display.mesh_text(shape)
+    one_sentence(caught.value)
+
+
+def test_a_reduction_of_blocks_of_two_shapes_is_refused():
+    with pytest.raises(ReaderError, match="blocks of one shape"):
+        display.collective_diagram([[1, 2], [3]], [[4, 2], [3]], reduce="sum")
+
+
+@pytest.mark.parametrize(
+    "index",
+    [(slice(0, 8, 0),), (slice("a", None),), (slice(0.5, None),), "x", (slice(None), 3)],
+)
+def test_odd_slices_are_refused_in_one_sentence(index):
+    from book import shards
+
+    for call in (lambda: shards.index_key(index, (8, 4)),):
+        with pytest.raises(ReaderError) as caught:
+            call()
+        one_sentence(caught.value)
+    with pytest.raises(ReaderError):
+        shards.index_key((slice(None),), "3")
