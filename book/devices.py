@@ -178,7 +178,18 @@ def setup(n: int = 8, *, detect=detect_accelerator) -> Plan:
         return _plan
     import jax
 
-    plan = choose(n, detect())
+    found = detect()
+    if found is not None and not (
+        isinstance(found, Accelerator)
+        and found.platform in ("tpu", "gpu")
+        and validate._is_whole(found.count)
+        and not isinstance(found.count, bool)
+    ):
+        raise SetupError(
+            f"detect returned {validate.describe(found)}; make it return None or an "
+            "Accelerator such as Accelerator('gpu', 8)."
+        )
+    plan = choose(n, found)
     if plan.mock and n > MAX_MOCK_DEVICES:
         raise SetupError(
             f"Without {n} accelerators the book runs on mock CPU devices, and {n} of them would "
@@ -214,8 +225,7 @@ def set_fast_compiles(on: bool) -> None:
     """
     import jax
 
-    if not isinstance(on, bool):
-        raise SetupError(f"set_fast_compiles takes True or False, not {validate.describe(on)}.")
+    on = validate.flag(on, "set_fast_compiles's argument", error=SetupError)
     jax.config.update("jax_disable_most_optimizations", on)
     if on:
         os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
@@ -268,6 +278,11 @@ def scaled(small, large, plan: Plan | None = None):
     Mock CPU devices share a laptop's cores, so examples stay small there; real accelerators
     get sizes where parallelism is visible.
     """
+    if plan is not None and not isinstance(plan, Plan):
+        raise SetupError(
+            f"plan must be what book.devices.setup returned, or None for the current one, not "
+            f"{validate.describe(plan)}."
+        )
     plan = current() if plan is None else plan
     return small if plan.platform == "cpu" else large
 

@@ -13,6 +13,8 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 
 from book import validate
 
@@ -40,6 +42,8 @@ def format_seconds(seconds: float) -> str:
     seen, not hidden in a unit; anything else is refused.
     """
     value = validate.plain(validate.scalar(seconds))
+    if isinstance(value, (Fraction, Decimal)):  # exact real numbers: shown as floats
+        value = float(value) if not (isinstance(value, Decimal) and value.is_snan()) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise validate.BadValue(
             f"seconds must be a number of seconds such as 0.25, not {validate.describe(seconds)}."

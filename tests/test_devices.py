@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from book import devices
@@ -165,11 +166,13 @@ def test_chapters_that_time_programs_keep_full_optimization():
 
 
 def test_fast_compiles_take_a_bool():
-    with pytest.raises(devices.SetupError, match="takes True or False, not 'no'"):
+    with pytest.raises(devices.SetupError, match="must be True or False, not 'no'"):
         devices.set_fast_compiles("no")
     import jax
 
     before = jax.config.read("jax_disable_most_optimizations")
+    devices.set_fast_compiles(np.bool_(before))  # a NumPy bool is a bool
+    assert jax.config.read("jax_disable_most_optimizations") == before
     for wrong in (jax.random.key(0), {f"k{i}": i for i in range(10**4)}, ReprRaises(8)):
         with pytest.raises(devices.SetupError) as err:
             devices.set_fast_compiles(wrong)
@@ -214,3 +217,18 @@ def test_compiling_fast_changes_no_program_the_chapters_read():
     finally:
         jax.config.update("jax_disable_most_optimizations", before)
     assert "all-reduce" in seen[0][0] and seen[0] == seen[1]
+
+
+def test_scaled_takes_a_plan_and_setup_a_detected_accelerator_only():
+    with pytest.raises(devices.SetupError, match="plan must be what book.devices.setup"):
+        devices.scaled(1, 2, plan="cpu")
+    for found in ("gpu", devices.Accelerator("gpu", "8"), devices.Accelerator("npu", 8)):
+        rc, out = run_python(
+            "import book.devices as d\n"
+            "from book.devices import Accelerator\n"
+            "try:\n"
+            f"    d.setup(8, detect=lambda: {found!r})\n"
+            "except d.SetupError as err:\n"
+            "    print('refused:', err)\n"
+        )
+        assert rc == 0 and "refused: detect returned" in out, out

@@ -92,3 +92,12 @@ def test_a_result_jax_cannot_walk_is_refused_in_one_sentence(kind):
     with pytest.raises(ReaderError, match="f returned") as caught:
         timing.measure(lambda: result, warmup=0, runs=1)
     assert "\n" not in str(caught.value)
+
+
+def test_format_seconds_shows_exact_real_numbers():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    assert timing.format_seconds(Fraction(1, 2)) == "500 ms"
+    assert timing.format_seconds(Decimal("0.003")) == "3 ms"
+    assert timing.format_seconds(Decimal("NaN")) == "nan s"
