@@ -29,7 +29,9 @@ except ImportError:  # jax older than 0.12
 from book import validate
 from book.errors import ReaderError
 
-_TYPE = re.compile(r"(bool|bf16|[fiuc]\d{1,3})\[((?:\d{1,12}(?:,\d{1,12})*)?)\]", re.ASCII)
+_TYPE = re.compile(
+    r"(bool|bf16|[fiuc]\d{1,3}(?:_[a-z0-9]{1,12})?)\[((?:\d{1,12}(?:,\d{1,12})*)?)\]", re.ASCII
+)
 _WHERE = re.compile(r" from \S+:\d+(?::\d+)? \((.+)\)$")
 _KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
 
@@ -45,7 +47,7 @@ class Residual:
 
     @property
     def nbytes(self) -> int:
-        bits = 8 if self.dtype == "bool" else int(re.sub(r"\D", "", self.dtype))
+        bits = 8 if self.dtype == "bool" else int(re.match(r"\D*(\d+)", self.dtype).group(1))
         return math.prod(self.shape) * bits // 8
 
     def __str__(self) -> str:

@@ -63,3 +63,9 @@ def test_parse_reads_every_dtype_and_refuses_what_is_not_a_printout():
     assert found[0].source == "output of gt in f"
     with pytest.raises(ReaderError, match="does not start with an array type"):
         book.residuals.parse("nothing here")
+    low = book.residuals.parse("f8_e4m3fn[4] output of convert\nf8_e5m2[2,2] x\nf4_e2m1fn[8] y\n")
+    assert [(r.dtype, r.nbytes) for r in low] == [
+        ("float8_e4m3fn", 4),
+        ("float8_e5m2", 4),
+        ("float4_e2m1fn", 4),
+    ]
