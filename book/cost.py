@@ -270,6 +270,7 @@ def ring_attention_bytes(
         tokens, kv_heads, head_dim, n, itemsize
     )
     kv_bytes = 2 * tokens * kv_heads * head_dim * itemsize  # K and V of the whole sequence
+    kv_bytes = _bytes(kv_bytes, "K and V of these tokens, heads and head_dim, in bytes,")
     return _passes(backward) * all_gather_bytes(kv_bytes, n)
 
 
@@ -316,4 +317,5 @@ def ulysses_bytes(
         )
     q_bytes = tokens * heads * head_dim * itemsize  # Q, and the output of the same shape
     kv_bytes = 2 * tokens * kv_heads * head_dim * itemsize
-    return _passes(backward) * all_to_all_bytes(2 * q_bytes + kv_bytes, n)
+    moved = _bytes(2 * q_bytes + kv_bytes, "Q, K, V and the output of these sizes, in bytes,")
+    return _passes(backward) * all_to_all_bytes(moved, n)

@@ -1092,7 +1092,9 @@ def moe_all_to_all_bytes(
     top_k = _whole(top_k, "top_k")
     d_model = _whole(d_model, "d_model")
     experts = _whole(experts, "experts")
-    ep = _whole(expert_parallel, "expert_parallel")
+    ep = validate.whole(
+        expert_parallel, "expert_parallel", high=validate.MAX_DEVICES, error=SizingError
+    )
     size = DTYPE_BYTES[_dtype(dtype, "dtype")]
     if top_k > experts:
         raise SizingError(
@@ -1125,6 +1127,11 @@ def moe_all_to_all_bytes(
         )
         rows = local * math.ceil(factor * top_k * tokens / experts)
     # book.cost's all-to-all takes the global array: ep devices' buffers of ep blocks each.
+    if ep * ep * rows * d_model * size > 1e30:
+        raise SizingError(
+            "These tokens, top_k and d_model make blocks of more bytes than any machine holds; "
+            "check the sizes."
+        )
     blocks = cost.all_to_all_bytes(ep * ep * rows * d_model * size, ep)
     counts = cost.all_to_all_bytes(ep * experts * 4, ep)
     return {"forward": 2 * blocks + counts, "backward": 2 * blocks}

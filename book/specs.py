@@ -48,6 +48,11 @@ def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
     body = text.strip()
     if body[:1] in "([" and body[-1:] in ")]":
         body = body[1:-1]
+    if not body.strip():  # "()": a scalar, which no split or mesh here can show
+        raise SpecError(
+            f"The {what} {text.strip()!r} has no sizes; give at least one, for example "
+            f"{_EXAMPLES[what]}."
+        )
     # "x" separates sizes only between digits ("8x4"), so "(8, x)" names the stray "x".
     parts = [p.strip() for p in re.split(r",|×|\*|(?<=\d)\s*x\s*(?=\d)", body)]
     if parts and parts[-1] == "" and len(parts) > 1:

@@ -1115,3 +1115,12 @@ def test_odd_slices_are_refused_in_one_sentence(index):
         one_sentence(caught.value)
     with pytest.raises(ReaderError):
         shards.index_key((slice(None),), "3")
+
+
+def test_absurd_attention_and_expert_sizes_name_what_the_reader_passed():
+    with pytest.raises(ReaderError, match="expert_parallel is too large"):
+        sizing.moe_all_to_all_bytes(
+            2**31 - 1, top_k=8, d_model=2**31 - 1, experts=2**31 - 1, expert_parallel=2**31 - 1
+        )
+    with pytest.raises(ReaderError, match="K and V of these tokens, heads and head_dim"):
+        cost.ring_attention_bytes(2**62, 2**31 - 1, 2**31 - 1, 2, 16)

@@ -183,3 +183,9 @@ def test_check_functions_refuse_wrong_kinds():
     with pytest.raises(SpecError, match="tuple of names"):
         check_mesh((2, 4), "data, model", 8)
     check_sharding((8, 4), MESH, "P('data', None)")  # the text of a spec is read
+
+
+def test_a_shape_without_sizes_is_named_so():
+    for text in ("()", "[]", "( )"):
+        with pytest.raises(SpecError, match="has no sizes; give at least one"):
+            parse_shape(text)
