@@ -445,18 +445,34 @@ def _torus(torus, hardware: Hardware, links: dict, layout: dict) -> dict[str, in
             raise SizingError(
                 f"{kind}'s axis runs over {links[kind].name}, not a torus; give it 1 dimension."
             )
-        if 2**dims > max(2, layout[kind]):  # each dimension it spans holds 2 devices or more
+        if dims > 1 and _factors(layout[kind]) < dims:  # each dimension holds 2 devices or more
             raise SizingError(
-                f"{kind}'s {layout[kind]} devices cannot span {dims} dimensions of a torus; "
-                "give it fewer."
+                f"{kind}'s {layout[kind]} devices cannot span {dims} dimensions of a torus, each "
+                "of 2 devices or more; give it fewer."
             )
         out[kind] = dims
-    if sum(out.values()) > hardware.torus_dims:
+    # Every other axis on the fast links with more than one device takes a dimension too.
+    spanned = sum(out.values()) + sum(
+        1 for k in KINDS if k not in out and layout[k] > 1 and links[k] is hardware.fast
+    )
+    if spanned > hardware.torus_dims:
         raise SizingError(
-            f"{hardware.name}'s torus has {hardware.torus_dims} dimensions, and {torus} asks "
-            f"for {sum(out.values())}; give the axes at most that many together."
+            f"{hardware.name}'s torus has {hardware.torus_dims} dimensions, and {torus}, with "
+            f"the layout's other axes on the torus, asks for {spanned}; give the axes at most "
+            "that many together."
         )
     return out
+
+
+def _factors(n: int) -> int:
+    """How many prime factors ``n`` has, counted with repeats: the most torus dimensions of
+    2 devices or more its devices can span (12 = 2 x 2 x 3: three)."""
+    count, p = 0, 2
+    while p * p <= n:
+        while n % p == 0:
+            n, count = n // p, count + 1
+        p += 1
+    return count + (n > 1)
 
 
 def _comm_seconds(collectives, links, kinds) -> dict[str, float]:

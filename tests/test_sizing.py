@@ -414,10 +414,11 @@ def test_interleaving_fewer_microbatches_than_stages_is_refused():
     assert "\n" not in str(err.value)
 
 
-def test_an_ici_axis_over_several_torus_dimensions_sends_that_much_faster():
-    p = sizing.plan(LLAMA_70B, fsdp=1024, tp=4, global_batch=1024, seq=4096)
+@pytest.mark.parametrize("tp, most", [(1, 3), (4, 2)])  # TP on the torus takes a dimension
+def test_an_ici_axis_over_several_torus_dimensions_sends_that_much_faster(tp, most):
+    p = sizing.plan(LLAMA_70B, fsdp=4096 // tp, tp=tp, global_batch=4096, seq=4096)
     one = p.seconds("TPU v5p")
-    for dims in (1, 2, 3):
+    for dims in range(1, most + 1):
         s = p.seconds("TPU v5p", torus={"fsdp": dims})
         assert s.compute == one.compute and s.comm["tp"] == one.comm["tp"]
         # Bytes over dims times the bandwidth; the hops' latency unchanged.
@@ -441,6 +442,7 @@ def test_an_ici_axis_over_several_torus_dimensions_sends_that_much_faster():
         ("TPU v5p", [("fsdp", 2)]),
         ("TPU v5p", {"fsdp": True}),
         ("TPU v5p", {"fsdp": 3, "tp": 2}),  # the same links counted twice
+        ("TPU v5p", {"fsdp": 3}),  # and TP's 4 devices on the torus take a third
     ],
 )
 def test_a_torus_that_cannot_be_is_refused_in_one_sentence(chip, torus):
@@ -479,3 +481,12 @@ def test_an_axis_crossing_domains_uses_the_links_the_axes_inside_leave_it():
     assert sizing.plan(LLAMA_8B, tp=8, dp=2, global_batch=64, seq=64).links(h100)["dp"] is (
         h100.slow
     )
+
+
+def test_a_prime_number_of_devices_spans_one_torus_dimension():
+    for n in (5, 7, 11, 13):
+        p = sizing.plan(LLAMA_8B, fsdp=n, global_batch=16 * n, seq=2048)
+        with pytest.raises(ReaderError, match="cannot span 2 dimensions"):
+            p.seconds("TPU v5e", torus={"fsdp": 2})
+    twelve = sizing.plan(LLAMA_8B, fsdp=12, global_batch=48, seq=2048)
+    assert twelve.seconds("TPU v5p", torus={"fsdp": 3}).comm["fsdp"] > 0  # 2 x 2 x 3
