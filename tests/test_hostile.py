@@ -456,3 +456,25 @@ def test_a_bad_flag_to_the_benchmark_is_refused_before_any_timing(flags, tmp_pat
     assert done.returncode == 2 and not done.stdout, done.stdout[-500:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("bench.py: error: argument") and len(last) < 300, done.stderr[-500:]
+
+
+def test_an_abandoned_check_puts_back_what_it_recorded(monkeypatch):
+    """A check stopped while it traces a shard_map leaves jax.shard_map the real one."""
+    from jax.sharding import PartitionSpec as P
+
+    monkeypatch.setattr(core, "TIME_LIMIT", 0.5)
+    monkeypatch.setattr(core, "_GRACE", 0.5)
+    real, mesh = jax.shard_map, core.line_mesh("i")
+
+    def ring_sum(x):
+        def body(b):
+            time.sleep(3)  # one native call while the checker traces
+            return b
+
+        return jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)
+
+    verdict = exercises.ch05_ring_sum(ring_sum)
+    assert not verdict.ok and "cannot be stopped from Python" in verdict.message
+    assert jax.shard_map is real
+    wait_for_no_checker_thread()
+    assert jax.shard_map is real

@@ -362,6 +362,9 @@ class _World:
         import jax
 
         os._exit = self.exit
+        while _RECORDING:  # the latest first, so each name ends with its real function
+            module, name, real = _RECORDING.pop()
+            setattr(module, name, real)
         sys.stdin, sys.stdout, sys.stderr = self.streams
         names = vars(builtins)  # print or open replaced, or a name added, for every later cell
         for name in set(names) - set(self.builtins):
@@ -796,11 +799,19 @@ def recording(module, name, wrap):
     from the wording of JAX's message. Functions made before the check are not seen.
     """
     real = getattr(module, name)
+    _RECORDING.append((module, name, real))
     setattr(module, name, functools.wraps(real)(wrap(real)))
     try:
         yield
     finally:
         setattr(module, name, real)
+        with contextlib.suppress(ValueError):
+            _RECORDING.remove((module, name, real))
+
+
+# What ``recording`` has replaced and not yet put back: a check abandoned while it traces
+# never leaves its ``with`` block, so ``_World.restore`` puts these back itself.
+_RECORDING: list[tuple] = []
 
 
 def _recording_shard_maps(calls, check_vma=None):
