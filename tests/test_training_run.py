@@ -82,6 +82,18 @@ def test_a_mesh_that_cannot_split_the_model_evenly_is_refused(train_py, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
+@pytest.mark.parametrize("left", [[], ["state"]])  # an empty step folder, or one item of two
+def test_an_incomplete_checkpoint_is_named_not_a_traceback(train, tmp_path, capsys, left):
+    for item in ["", *left]:
+        (tmp_path / "c" / "7" / item).mkdir(parents=True, exist_ok=True)
+    with pytest.raises(SystemExit) as stop:
+        train.main(
+            train.parser.parse_args(["--steps", "8", "--checkpoint-dir", str(tmp_path / "c")])
+        )
+    assert str(stop.value.code) == "train.py: error: checkpoint 7 is incomplete; delete it"
+    assert "Traceback" not in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_dead_peer_that_is_not_the_coordinator_stops_the_others_by_heartbeat(train_py, tmp_path):
     flags = ["--steps", "200", "--checkpoint-every", "100", "--checkpoint-dir", tmp_path / "c"]
