@@ -118,7 +118,8 @@ def choose(n: int, accelerator: Accelerator | None) -> Plan:
         why = f"this runtime has {accelerator.count} {name} {plural}, fewer than {n}"
     else:
         why = "no TPU or GPU was found"
-    return Plan(n, "cpu", n, True, f"Running on {n} mock CPU devices: {why}.")
+    devices = "device" if n == 1 else "devices"
+    return Plan(n, "cpu", n, True, f"Running on {n} mock CPU {devices}: {why}.")
 
 
 def _release(version: str) -> tuple[int, ...]:
