@@ -417,9 +417,10 @@ def loop_trips(compiled) -> dict[str, int]:
     body runs its count once per trip of the outer one (chapter 14's pipeline: the layers' loop
     inside the schedule's), also where XLA:CPU wraps the inner ``while`` in a computation of its
     own that the outer body calls. A loop in a branch of a ``conditional`` counts as if the branch
-    ran at every trip of the loops around it: the most it can run.
+    ran at every trip of the loops around it: the most it can run. A loop whose count XLA does not
+    know (a ``while_loop`` on data) is left out, and so is every loop inside it.
     """
-    loops, caller, computation = {}, {}, None
+    loops, caller, computation, unknown = {}, {}, None, set()
     for line in _text(compiled).splitlines():
         header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)  # a computation begins
         if header:
@@ -436,17 +437,23 @@ def loop_trips(compiled) -> dict[str, int]:
         found = re.search(r'body=%?([\w.\-]+).*"known_trip_count":\{"n":"(\d{1,18})"', line)
         if found:
             loops[found.group(1)] = int(found.group(2))
+        elif " while(" in line:  # a loop whose count only the run knows
+            unknown.update(re.findall(r"body=%?([\w.\-]+)", line))
 
     def runs(name):
-        """How often a computation runs per call of the program; 1 for the entry."""
+        """How often a computation runs per call of the program; None where a loop around
+        it has a count only the run knows."""
         count, seen = 1, set()
         while name in caller and name not in seen:  # up to the entry; a cycle stops it
             seen.add(name)
+            if name in unknown:
+                return None
             count *= loops.get(name, 1)
             name = caller[name]
         return count
 
-    return {body: runs(body) for body in loops}
+    counted = {body: runs(body) for body in loops}
+    return {body: n for body, n in counted.items() if n is not None}
 
 
 # The data flow of the entry computation --------------------------------------------------------

@@ -118,12 +118,16 @@ def _inputs(params, x):
 
 def _learning_rate(value):
     """A finite number, or a traced or 0-d array one (a schedule's output inside jit)."""
-    if isinstance(value, jax.core.Tracer) or (
+    if isinstance(value, jax.core.Tracer):
+        return value
+    if (
         isinstance(value, jax.Array)
         and value.shape == ()
         and jnp.issubdtype(value.dtype, jnp.floating)  # a PRNG key's dtype has no kind
     ):
-        return value
+        if not value.is_fully_addressable or bool(jnp.isfinite(value)):
+            return value
+        raise validate.BadValue(f"learning_rate must be a finite number, not {float(value)}.")
     return validate.number(
         value, "learning_rate", low=-np.inf, wanted="a number such as 0.1", error=validate.BadValue
     )
@@ -222,6 +226,12 @@ def sgd(params: dict, grads: dict, learning_rate: float) -> dict:
         if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
             raise validate.WrongKind(
                 f"params and grads must hold arrays, not {validate.describe(leaf)}."
+            )
+    for (path, p), g in zip(jax.tree.leaves_with_path(params), jax.tree.leaves(grads)):
+        if tuple(p.shape) != tuple(g.shape):
+            raise validate.BadValue(
+                f"The gradient of {jax.tree_util.keystr(path)} has shape {tuple(g.shape)}, its "
+                f"parameter {tuple(p.shape)}; give each parameter a gradient of its shape."
             )
     return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 

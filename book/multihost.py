@@ -700,6 +700,7 @@ class Job:
         sends it to each task of a job. Returns what was done, as a ``kill`` command line.
         """
         sig = validate.signal_of(sig)
+        self._still_running("signal")
         targets = range(len(self.procs)) if process is None else [self._index(process)]
         sent = []
         for i in targets:

@@ -546,10 +546,24 @@ def test_loop_trips_follows_a_conditional_branch_and_deep_nesting():
             ' backend_config={"known_trip_count":{"n":"1"}}',
             "}",
         ]
-    lines += ["ENTRY %main (x: f32[]) -> f32[] {", "  ROOT %w = f32[] while(%x), body=%b0,"
+    lines += ["ENTRY %main (x: f32[]) -> f32[] {", "  %w = f32[] while(%x), body=%b0,"
+              ' backend_config={"known_trip_count":{"n":"1"}}',
+              "  ROOT %v = f32[] while(%w), body=%bx,"
               ' backend_config={"known_trip_count":{"n":"' + "9" * 5000 + '"}}', "}"]  # fmt: skip
     deep = book.hlo.loop_trips("\n".join(lines))
-    assert len(deep) == 3000 and set(deep.values()) == {1}
+    assert len(deep) == 3001 and set(deep.values()) == {1} and "bx" not in deep
+
+
+def test_loop_trips_leaves_out_what_only_the_run_counts():
+    def data_loop(x, n):
+        def body(c):
+            i, x = c
+            return i + 1, jax.lax.fori_loop(0, 11, lambda j, z: z * 1.01, x)
+
+        return jax.lax.while_loop(lambda c: c[0] < n, body, (0, x))[1]
+
+    compiled = jax.jit(data_loop).lower(jnp.ones(4), 7).compile()
+    assert book.hlo.loop_trips(compiled) == {}  # 11 per outer trip, n trips: unknown here
 
 
 def test_loop_trips_reads_hand_written_text_and_refuses_stablehlo():

@@ -1124,3 +1124,11 @@ def test_absurd_attention_and_expert_sizes_name_what_the_reader_passed():
         )
     with pytest.raises(ReaderError, match="K and V of these tokens, heads and head_dim"):
         cost.ring_attention_bytes(2**62, 2**31 - 1, 2**31 - 1, 2, 16)
+
+
+def test_sgd_refuses_gradients_of_other_shapes_and_a_nan_rate():
+    params = models.init(0, 4, 8, 3)
+    with pytest.raises(ReaderError, match="has shape \\(\\), its parameter"):
+        models.sgd(params, {k: jnp.ones(()) for k in params}, 0.1)
+    with pytest.raises(ReaderError, match="finite"):
+        models.sgd(params, params, jnp.array(jnp.nan))

@@ -587,7 +587,12 @@ def test_a_stopped_job_keeps_its_output_and_refuses_to_wait(tmp_path):
         assert job.wait_for_exits() == [0, 0]
     assert job.output(1) == "hello from a worker\n"
     assert [text.strip() for text in job.outputs()] == ["hello from a worker"] * 2
-    for call in (job.wait, job.wait_for_exits, lambda: job.wait_for("hello")):
+    for call in (
+        job.wait,
+        job.wait_for_exits,
+        lambda: job.wait_for("hello"),
+        lambda: job.signal(15),
+    ):
         with pytest.raises(ReaderError, match="has stopped"):
             call()
     assert_nothing_left(tmp_path)
