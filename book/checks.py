@@ -52,6 +52,7 @@ def _operand(value, name: str) -> np.ndarray:
     return array
 
 
+@validate.impostors_refused
 def tolerance(k: int) -> float:
     """The error allowed for sums of ``k`` float32 products, relative to ``|A| @ |B|``.
 
@@ -63,6 +64,7 @@ def tolerance(k: int) -> float:
     return max(RTOL, 16 * _EPS32 * math.sqrt(k))
 
 
+@validate.impostors_refused
 def product_error(result, a, b) -> np.ndarray:
     """Each entry's error against ``a @ b`` in float64, relative to ``|a| @ |b|``.
 
@@ -85,6 +87,7 @@ def product_error(result, a, b) -> np.ndarray:
     return np.where(np.isfinite(got), error, np.inf)
 
 
+@validate.impostors_refused
 def assert_product(result, a, b, *, row_blocks: int = 1, rtol: float | None = None) -> float:
     """Assert that ``result`` equals ``a @ b`` to float32 accuracy; return the largest error.
 

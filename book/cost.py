@@ -48,6 +48,7 @@ def _size(value, name: str) -> int:
     return validate.whole(value, name, low=0, high=MAX_COUNT, error=validate.BadValue)
 
 
+@validate.impostors_refused
 def matmul_flops(m: int, k: int, n: int, batch: int = 1) -> int:
     """FLOPs of an ``(m, k) @ (k, n)`` product: ``2 * m * k * n``.
 
@@ -59,6 +60,7 @@ def matmul_flops(m: int, k: int, n: int, batch: int = 1) -> int:
     return 2 * _size(batch, "batch") * m * k * n
 
 
+@validate.impostors_refused
 def all_gather_bytes(result_bytes: float, n: int) -> float:
     """Bytes each device sends in an all-gather on a ring: ``(n - 1) / n * result_bytes``.
 
@@ -70,6 +72,7 @@ def all_gather_bytes(result_bytes: float, n: int) -> float:
     return (n - 1) / n * result_bytes
 
 
+@validate.impostors_refused
 def reduce_scatter_bytes(input_bytes: float, n: int) -> float:
     """Bytes each device sends in a reduce-scatter on a ring: ``(n - 1) / n * input_bytes``.
 
@@ -82,6 +85,7 @@ def reduce_scatter_bytes(input_bytes: float, n: int) -> float:
     return (n - 1) / n * input_bytes
 
 
+@validate.impostors_refused
 def all_reduce_bytes(nbytes: float, n: int) -> float:
     """Bytes each device sends in an all-reduce on a ring: ``2 * (n - 1) / n * nbytes``.
 
@@ -93,6 +97,7 @@ def all_reduce_bytes(nbytes: float, n: int) -> float:
     return 2 * (n - 1) / n * nbytes
 
 
+@validate.impostors_refused
 def all_to_all_bytes(nbytes: float, n: int) -> float:
     """Bytes each device sends in an all-to-all of ``nbytes``: ``(n - 1) / n**2 * nbytes``.
 
@@ -108,6 +113,7 @@ def all_to_all_bytes(nbytes: float, n: int) -> float:
     return (n - 1) / (n * n) * nbytes
 
 
+@validate.impostors_refused
 def all_to_all_ring_link_bytes(nbytes: float, n: int, bidirectional: bool = True) -> float:
     """Bytes each link of a ring carries in an all-to-all of a global array of ``nbytes``.
 
@@ -128,11 +134,13 @@ def all_to_all_ring_link_bytes(nbytes: float, n: int, bidirectional: bool = True
     return (n - 1) / (2 * n) * nbytes
 
 
+@validate.impostors_refused
 def collective_permute_bytes(nbytes: float) -> float:
     """Bytes each device sends in a collective-permute: its whole buffer, once."""
     return _bytes(nbytes)
 
 
+@validate.impostors_refused
 def ring_bytes(row) -> float:
     """The formula's bytes sent per device for a row of ``book.hlo.collectives``.
 
@@ -167,6 +175,7 @@ def ring_bytes(row) -> float:
 _STEPS = {"all-gather": 1, "reduce-scatter": 1, "all-to-all": 1, "all-reduce": 2}
 
 
+@validate.impostors_refused
 def ring_steps(op: str, n: int) -> int:
     """Sequential neighbour-to-neighbour steps of ``op`` on a one-way ring of ``n`` devices.
 
@@ -189,6 +198,7 @@ def ring_steps(op: str, n: int) -> int:
     return _STEPS[op] * (n - 1)
 
 
+@validate.impostors_refused
 def collective_seconds(
     link_bytes: float, steps: int, bandwidth: float, hop_latency: float
 ) -> float:
@@ -248,6 +258,7 @@ def _passes(backward) -> int:
     return 2 if validate.flag(backward, "backward", error=validate.BadValue) else 1
 
 
+@validate.impostors_refused
 def ring_attention_bytes(
     tokens: int, kv_heads: int, head_dim: int, n: int, itemsize: int = 4, backward: bool = False
 ) -> float:
@@ -274,6 +285,7 @@ def ring_attention_bytes(
     return _passes(backward) * all_gather_bytes(kv_bytes, n)
 
 
+@validate.impostors_refused
 def ulysses_bytes(
     tokens: int,
     heads: int,

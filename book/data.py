@@ -156,6 +156,7 @@ class Source:
         return f"Source({self.num_examples} examples: {shapes})"
 
 
+@validate.impostors_refused
 def write(folder, **fields) -> Source:
     """Save each field as ``folder/<name>.npy`` and open them as a ``Source``.
 
@@ -195,6 +196,13 @@ def write(folder, **fields) -> Source:
                 f"{_shown(folder)} already holds field {path.stem!r} with {len(kept):,} rows, not "
                 f"{rows:,}; write into an empty folder, or write {path.stem!r} again too."
             )
+    for name in arrays:
+        target = folder / f"{name}.npy"
+        if target.exists() and not target.is_file():
+            raise ReaderError(
+                f"{_shown(target)} is not a file (a folder?), so field {name!r} cannot be "
+                "written there; move it away, or write into another folder."
+            )
     written = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -209,11 +217,19 @@ def write(folder, **fields) -> Source:
         raise ReaderError(
             f"Could not write to {_shown(folder)} ({err.strerror}); check the path."
         ) from None
-    for partial, path in written:
-        os.replace(partial, path)
+    try:
+        for partial, path in written:
+            os.replace(partial, path)
+    except OSError as err:  # the target changed under us: leave no partial file behind
+        for partial, _ in written:
+            partial.unlink(missing_ok=True)
+        raise ReaderError(
+            f"Could not write to {_shown(folder)} ({err.strerror}); check the path."
+        ) from None
     return Source(folder)
 
 
+@validate.impostors_refused
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     """The order of all examples in ``epoch``: a permutation fixed by ``(seed, epoch)``.
 
@@ -309,6 +325,7 @@ class ScatteredRows(ReaderError):
     """This process's devices hold separate blocks of a batch's rows, which no one slice names."""
 
 
+@validate.impostors_refused
 def process_slice(sharding, shape) -> slice:
     """The rows of a global batch that this process's devices hold, as one slice.
 
@@ -517,6 +534,7 @@ def _first_line(err: Exception) -> str:
     return first[:160].rstrip(".")
 
 
+@validate.impostors_refused
 def check_epoch(ids, num_examples: int) -> None:
     """Raise ``AssertionError`` unless ``ids`` holds every example number exactly once.
 
@@ -543,6 +561,7 @@ def check_epoch(ids, num_examples: int) -> None:
         )
 
 
+@validate.impostors_refused
 def local_values(x) -> np.ndarray:
     """This process's rows of a batch-sharded array, in global order, without duplicates.
 

@@ -766,6 +766,10 @@ def _stablehlo_main(text: str) -> StableMain:
     )
 
 
+# The compiler_messages objects catching fd 2 now, in the order they began.
+_CATCHING: list = []
+
+
 class CompilerMessages:
     """What XLA printed to the process's standard error inside a ``with`` block, by line."""
 
@@ -784,11 +788,20 @@ class CompilerMessages:
         self._file = tempfile.TemporaryFile(mode="w+b")
         self._saved = os.dup(2)
         os.dup2(self._file.fileno(), 2)
+        _CATCHING.append(self)
         return self
 
     def __exit__(self, *exc):
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
+        if self not in _CATCHING:
+            raise HloError("This compiler_messages() is not catching; use it in a with block.")
+        later = _CATCHING[_CATCHING.index(self) + 1 :]
+        if later:  # one entered after this still catches: it puts back what this one found
+            os.close(later[0]._saved)
+            later[0]._saved = self._saved
+        else:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+        _CATCHING.remove(self)
         self._saved = None
         self._file.seek(0)
         text = self._file.read().decode(errors="replace")

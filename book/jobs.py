@@ -292,7 +292,7 @@ def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=Non
     for key, value in extra.items():
         if value is None:
             raise ReaderError(f"The variable {key!r} is None; a batch job's can only be set.")
-        if "," in value:  # sbatch --export takes NAME=value,... only
+        if "," in value or "," in key:  # sbatch --export takes NAME=value,... only
             raise ReaderError(
                 f"The variable {key!r} holds a comma, which sbatch --export cannot pass; "
                 "give a text without one."

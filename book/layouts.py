@@ -27,6 +27,7 @@ _MAX = {"batch": 1024, "seq": 1024}  # what compiles in the time a reader should
 _EXAMPLES = {1: "8", 2: "4x2", 3: "2x2x2"}
 
 
+@validate.impostors_refused
 def mesh_axes(rules: dict) -> tuple[str, ...]:
     """The mesh axes a rules table names, in the order it first names them."""
     rules = validate.plain_mapping(rules)
@@ -107,6 +108,7 @@ def _rules(rules) -> tuple[str, dict]:
     return "your rules", checked
 
 
+@validate.impostors_refused
 def check(rules, mesh_shape, batch=BATCH, seq=SEQ) -> Choice:
     """The ``Choice`` for what a reader picked or wrote, or ``SpecError`` with one sentence.
 
@@ -211,6 +213,7 @@ class Analysis:
         return self.argument_bytes + self.output_bytes + self.temp_bytes
 
 
+@validate.impostors_refused
 def layout(choice: Choice):
     """The chapter's ``Layout`` of a choice, on the first devices, its axes ``Auto``."""
     return tr.Layout(_mesh(choice.mesh_shape, choice.axis_names), dict(choice.rules))
@@ -282,6 +285,7 @@ def _unnamed(choice: Choice) -> Choice:
 _GIVEN: dict = {}  # choice -> a step the chapter compiled already (see ``remember``)
 
 
+@validate.impostors_refused
 def remember(programs: dict) -> None:
     """Use steps the chapter compiled: ``{(table, mesh text): compiled step}``.
 
@@ -306,6 +310,7 @@ def remember(programs: dict) -> None:
             _GIVEN[_unnamed(choice)] = compiled
 
 
+@validate.impostors_refused
 def analyze(rules, mesh_shape, batch=BATCH, seq=SEQ) -> Analysis:
     """Compile the chapter's step for a choice (once) and read what it costs each device."""
     return _analyze(check(rules, mesh_shape, batch, seq))

@@ -142,6 +142,7 @@ class Sizes(NamedTuple):
     classes: int
 
 
+@validate.impostors_refused
 def init(seed, features: int, hidden: int, classes: int, dtype=np.float32) -> dict:
     """Parameters ``w1 (features, hidden)``, ``b1 (hidden,)``, ``w2 (hidden, classes)``, ``b2``.
 
@@ -171,6 +172,7 @@ def init(seed, features: int, hidden: int, classes: int, dtype=np.float32) -> di
     return {name: jnp.asarray(a, dtype) for name, a in arrays.items()}
 
 
+@validate.impostors_refused
 def forward(params: dict, x):
     """Logits of shape ``(batch, classes)``: ``relu(x @ w1 + b1) @ w2 + b2``."""
     _inputs(params, x)
@@ -178,6 +180,7 @@ def forward(params: dict, x):
     return h @ params["w2"] + params["b2"]
 
 
+@validate.impostors_refused
 def cross_entropy(logits, labels):
     """Mean softmax cross-entropy of integer ``labels`` under ``logits``.
 
@@ -204,11 +207,13 @@ def cross_entropy(logits, labels):
     return -jnp.mean(picked)
 
 
+@validate.impostors_refused
 def loss(params: dict, x, labels):
     """Mean cross-entropy of the model on one batch."""
     return cross_entropy(forward(params, x), labels)
 
 
+@validate.impostors_refused
 def sgd(params: dict, grads: dict, learning_rate: float) -> dict:
     """Plain SGD: ``p - learning_rate * g`` for every parameter."""
     learning_rate = _learning_rate(learning_rate)
@@ -236,6 +241,7 @@ def sgd(params: dict, grads: dict, learning_rate: float) -> dict:
     return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
 
+@validate.impostors_refused
 def reference_step(params: dict, x, labels, learning_rate: float = 0.1):
     """One single-device training step: ``(new_params, loss, grads)``.
 
@@ -248,6 +254,7 @@ def reference_step(params: dict, x, labels, learning_rate: float = 0.1):
     return sgd(params, grads, learning_rate), value, grads
 
 
+@validate.impostors_refused
 def synthetic_data(seed, n: int, features: int, classes: int, dtype=np.float32):
     """``n`` Gaussian inputs labelled by a random linear teacher: a learnable task.
 
@@ -271,12 +278,14 @@ def synthetic_data(seed, n: int, features: int, classes: int, dtype=np.float32):
     return jnp.asarray(x), jnp.asarray(labels)
 
 
+@validate.impostors_refused
 def param_shapes(sizes: Sizes) -> dict:
     """The shape of each parameter ``init`` makes, for programs compiled without any data."""
     f, h, c = _sizes(sizes)
     return {"w1": (f, h), "b1": (h,), "w2": (h, c), "b2": (c,)}
 
 
+@validate.impostors_refused
 def param_count(sizes: Sizes) -> int:
     """How many numbers the model has: both weight matrices and both biases."""
     f, h, c = _sizes(sizes)

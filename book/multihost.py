@@ -38,6 +38,7 @@ LOG_BYTES = 64 * 2**20  # a worker that writes more is stopped, before it fills 
 MAX_DEVICES_PER_PROCESS = 64
 _POLL_SECONDS = 0.02
 _SCAN_SECONDS = 0.25  # how often the workers' descendants are looked up while they run
+_OVERTIME_GRACE = 5.0  # seconds past a job's timeout before its watchdog stops it
 _FOLDER_PREFIX = "book-multihost-"
 _PORT_TRIES = 3  # launches tried, each on a new port, when the coordinator's port was taken
 _RANDOM = random.SystemRandom()  # ports stay apart even where a reader seeded random
@@ -666,6 +667,11 @@ class Job:
         self.ended: dict[int, float] = {}  # process index: seconds after start when it exited
         self._next_scan = 0.0
         self._kept: Outputs | None = None  # what the workers printed, once the job stopped
+        # A job started without a with block is still stopped, a little after its timeout.
+        self._lock = threading.Lock()
+        self._watchdog = threading.Timer(timeout + _OVERTIME_GRACE, self.stop)
+        self._watchdog.daemon = True
+        self._watchdog.start()
 
     def __enter__(self) -> Job:
         return self
@@ -765,10 +771,13 @@ class Job:
 
     def stop(self) -> None:
         """Kill every worker still running and everything below it; remove the job's folder."""
-        with _interrupts_deferred():
+        if threading.current_thread() is not self._watchdog:
+            self._watchdog.cancel()
+        with _interrupts_deferred(), self._lock:
+            if self._kept is not None:
+                return
             _stop(self.procs, self.seen, self.folder)
-            if self._kept is None:
-                self._kept = _outputs(self.folder, len(self.procs), self.path)
+            self._kept = _outputs(self.folder, len(self.procs), self.path)
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def _still_running(self, call: str) -> None:

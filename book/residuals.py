@@ -48,7 +48,7 @@ class Residual:
     @property
     def nbytes(self) -> int:
         bits = 8 if self.dtype == "bool" else int(re.match(r"\D*(\d+)", self.dtype).group(1))
-        return math.prod(self.shape) * bits // 8
+        return -(-math.prod(self.shape) * bits // 8)  # packed, rounded up to a whole byte
 
     def __str__(self) -> str:
         return f"{self.type_text} {self.source}"
@@ -60,6 +60,7 @@ def _dtype(short: str) -> str:
     return _KINDS[short[0]] + short[1:]
 
 
+@validate.impostors_refused
 def parse(text: str) -> list[Residual]:
     """The residuals in a printout of ``print_saved_residuals``, one per line, in its order."""
     text = validate.text(
@@ -82,6 +83,7 @@ def parse(text: str) -> list[Residual]:
     return found
 
 
+@validate.impostors_refused
 def saved(f, *args) -> list[Residual]:
     """What autodiff saves of ``f(*args)`` to differentiate it with respect to ``args``.
 
@@ -90,11 +92,23 @@ def saved(f, *args) -> list[Residual]:
     """
     validate.callable_(f, "f")
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        print_saved_residuals(f, *args)
-    return parse(printed.getvalue())
+    try:
+        with contextlib.redirect_stdout(printed):
+            print_saved_residuals(f, *args)
+    except TypeError:  # an argument JAX cannot trace, such as a string
+        raise ReaderError(
+            "print_saved_residuals could not trace f with these arguments; pass arrays, as "
+            "jax.grad would take them."
+        ) from None
+    # What f printed itself, while traced, goes back to the reader; the residuals are parsed.
+    lines = printed.getvalue().splitlines()
+    own = [line for line in lines if line.strip() and not _TYPE.match(line)]
+    if own:
+        print("\n".join(own))
+    return parse("\n".join(line for line in lines if _TYPE.match(line)))
 
 
+@validate.impostors_refused
 def total_bytes(residuals) -> int:
     """The bytes of a list of residuals together."""
     residuals = validate.plain(residuals)

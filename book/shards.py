@@ -39,6 +39,7 @@ class Summary:
         return self.devices // self.distinct_shards
 
 
+@validate.impostors_refused
 def index_key(index, shape) -> tuple[tuple[int, int], ...]:
     """A shard's index as (start, stop) per dimension: equal keys mean the same slice."""
     index = validate.slices(index, "index")
@@ -46,6 +47,7 @@ def index_key(index, shape) -> tuple[tuple[int, int], ...]:
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 
+@validate.impostors_refused
 def summarize(x) -> Summary:
     """Shard shape, bytes per device and replication of a ``jax.Array``."""
     validate.array(x, "summarize's argument", keys=True)
@@ -65,6 +67,7 @@ def summarize(x) -> Summary:
     )
 
 
+@validate.impostors_refused
 def device_blocks(x) -> list[tuple[str, np.ndarray]]:
     """Each device's block of ``x`` in mesh order, labelled with its device id and mesh position.
 
@@ -83,6 +86,7 @@ def device_blocks(x) -> list[tuple[str, np.ndarray]]:
     return blocks
 
 
+@validate.impostors_refused
 def blocks(given) -> list[tuple[str, np.ndarray]]:
     """Labelled per-device blocks from a ``jax.Array``, (label, values) pairs, or bare values."""
     import jax
@@ -116,6 +120,7 @@ def blocks(given) -> list[tuple[str, np.ndarray]]:
     return pairs
 
 
+@validate.impostors_refused
 def trace_moves(before, after) -> tuple[dict[tuple[int, int], list], set[int]]:
     """Where every output value came from, found by looking it up among the inputs.
 

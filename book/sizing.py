@@ -117,6 +117,7 @@ def _arrays(m: Transformer) -> dict[str, tuple[int, dict[str, int]]]:
     return {**{f"layer.{n}": a for n, a in layer.items()}, **outside}
 
 
+@validate.impostors_refused
 def param_count(model: Transformer) -> int:
     """Parameters of ``model``: every layer's, the embedding, the final norm and the unembedding.
 
@@ -452,9 +453,9 @@ def _torus(torus, hardware: Hardware, links: dict, layout: dict) -> dict[str, in
             )
         out[kind] = dims
     # Every other axis on the fast links with more than one device takes a dimension too.
-    spanned = sum(out.values()) + sum(
-        1 for k in KINDS if k not in out and layout[k] > 1 and links[k] is hardware.fast
-    )
+    spanned = sum(
+        out.get(k, 1) for k in KINDS if layout[k] > 1 and links[k] is hardware.fast
+    )  # axes of one device, and those on slower links, take no dimension
     if spanned > hardware.torus_dims:
         raise SizingError(
             f"{hardware.name}'s torus has {hardware.torus_dims} dimensions, and {torus}, with "
@@ -524,6 +525,7 @@ def _dtype(value, name):
     return validate.choice(value, list(DTYPE_BYTES), f"a {name}", error=SizingError)
 
 
+@validate.impostors_refused
 def plan(
     model: Transformer,
     *,
@@ -829,6 +831,7 @@ SERVE_KINDS = ("dp", "fsdp", "cp", "tp")
 SERVE_INNER_TO_OUTER = ("tp", "cp", "fsdp", "dp")
 
 
+@validate.impostors_refused
 def kv_cache_bytes(model: Transformer, tokens: int, dtype: str = "bfloat16") -> int:
     """Bytes of the KV cache for ``tokens`` tokens: a key and a value per K/V head and layer.
 
@@ -926,6 +929,7 @@ def _hardware(hardware) -> Hardware:
     return hardware
 
 
+@validate.impostors_refused
 def serve(
     model: Transformer,
     *,
@@ -1072,6 +1076,7 @@ def serve(
 # Expert parallelism (chapter 21): what a mixture-of-experts layer's all-to-alls send.
 
 
+@validate.impostors_refused
 def moe_all_to_all_bytes(
     tokens: int,
     *,

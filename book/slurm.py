@@ -205,7 +205,7 @@ def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> 
     if (
         not isinstance(logs, dict)
         or any(name not in logs for name in processes)
-        or not all(isinstance(logs[name], (str, os.PathLike)) for name in processes)
+        or not all(_log_path(logs[name]) for name in processes)
     ):
         raise SlurmError(
             f"logs must be a dict with a log file for each of {validate.describe(list(processes))}"
@@ -232,8 +232,8 @@ def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> 
             if found:
                 try:
                     moments[name] = float(found.group(1))
-                    if not math.isfinite(moments[name]):
-                        raise ValueError
+                    if not math.isfinite(moments[name]) or moments[name] > now + 1:
+                        raise ValueError  # no time.time() yet to come
                 except (TypeError, ValueError):
                     raise SlurmError(
                         f"start's group matched {validate.describe(found.group(1))} in the log "
@@ -257,6 +257,21 @@ def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> 
                 f"moment after {timeout:g} s; see what they wait for with 'squeue'."
             )
         time.sleep(0.02)
+
+
+def _log_path(path) -> bool:
+    """Whether ``path`` names a log this module can read without blocking: a regular file, or
+    none yet (a FIFO would wait for a writer)."""
+    try:
+        text = os.fspath(path)
+        return (
+            isinstance(text, str)
+            and "\0" not in text
+            and validate.encodable(text)
+            and (not os.path.exists(text) or os.path.isfile(text))
+        )
+    except (TypeError, OSError, ValueError):
+        return False
 
 
 def _read(path) -> str:

@@ -88,16 +88,19 @@ def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+@validate.impostors_refused
 def parse_shape(text: str) -> tuple[int, ...]:
     """An array shape such as ``"(8, 4)"``, ``"8x4"`` or ``"16"``."""
     return _parse_sizes(text, "shape")
 
 
+@validate.impostors_refused
 def parse_mesh_shape(text: str) -> tuple[int, ...]:
     """A mesh shape such as ``"(2, 4)"``, ``"2x4"`` or ``"8"``."""
     return _parse_sizes(text, "mesh shape")
 
 
+@validate.impostors_refused
 def parse_axis_names(text: str) -> tuple[str, ...]:
     """Axis names such as ``"('data', 'model')"`` or ``"data, model"``."""
     text = _check_length(text, "axis names")
@@ -143,6 +146,7 @@ def _tokens(text: str):
             yield "punct", {"[": "(", "]": ")"}.get(m.group("punct"), m.group("punct"))
 
 
+@validate.impostors_refused
 def parse_partition_spec(text: str) -> P:
     """A partition spec such as ``"P('data', None)"``, ``"('data', 'model')"`` or ``"P()"``.
 
@@ -264,6 +268,7 @@ def _spec(spec) -> P:
     return spec
 
 
+@validate.impostors_refused
 def spec_text(spec: P) -> str:
     """A partition spec (or a tuple of its entries) as a reader writes it: ``P('data', None)``.
 
@@ -287,6 +292,7 @@ def spec_text(spec: P) -> str:
     return "P(" + ", ".join(entry(e) for e in spec) + ")"
 
 
+@validate.impostors_refused
 def names_text(names: Sequence[str]) -> str:
     """Axis names in a sentence: ``'data'``, ``'data' and 'model'``; ``no axes`` for none."""
     names = validate.plain(names)
@@ -301,6 +307,7 @@ def names_text(names: Sequence[str]) -> str:
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
+@validate.impostors_refused
 def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_count: int) -> None:
     """A mesh must have one name per axis and at most as many devices as there are.
 
@@ -336,6 +343,7 @@ def check_mesh(mesh_shape: Sequence[int], axis_names: Sequence[str], device_coun
         )
 
 
+@validate.impostors_refused
 def check_sharding(array_shape: Sequence[int], mesh, spec: P) -> None:
     """Check that ``spec`` can shard an array of ``array_shape`` over ``mesh``.
 

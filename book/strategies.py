@@ -42,6 +42,7 @@ _BODIES = {
 }
 
 
+@validate.impostors_refused
 def mesh(strategy: str, mesh_shape: tuple[int, ...]):
     """A mesh for ``strategy`` on the first ``prod(mesh_shape)`` devices, axes named for it."""
     devices = jax.devices()[: math.prod(mesh_shape)]
@@ -51,6 +52,7 @@ def mesh(strategy: str, mesh_shape: tuple[int, ...]):
     )
 
 
+@validate.impostors_refused
 def train_step(strategy: str, mesh):
     """The jitted SGD step of ``strategy`` on ``mesh``: ``(params, x, y) -> (params, loss)``."""
     specs = PARAM_SPECS[strategy]
@@ -65,6 +67,7 @@ def train_step(strategy: str, mesh):
     )
 
 
+@validate.impostors_refused
 def abstract_inputs(strategy: str, mesh, sizes: models.Sizes):
     """Shapes, dtypes and shardings of a step's inputs, so it compiles without any data."""
     shapes = models.param_shapes(sizes)
@@ -130,6 +133,7 @@ def _size(value, name: str) -> int:
     )
 
 
+@validate.impostors_refused
 def check(strategy, mesh_shape, sizes=SIZES) -> Choice:
     """The ``Choice`` for a strategy, a mesh (``"4x2"`` or ``(4, 2)``) and four model sizes.
 
@@ -175,6 +179,7 @@ def check(strategy, mesh_shape, sizes=SIZES) -> Choice:
     return Choice(strategy, shape, sizes)
 
 
+@validate.impostors_refused
 def analyze(strategy: str, mesh_shape: tuple[int, ...], sizes: models.Sizes = SIZES) -> Analysis:
     """Compile one step of ``strategy`` (cached) and read what it costs each device.
 

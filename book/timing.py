@@ -34,6 +34,7 @@ class Timing:
         )
 
 
+@validate.impostors_refused
 def format_seconds(seconds: float) -> str:
     """A duration in the unit that keeps it readable: ``"412 µs"``, ``"3.1 ms"``, ``"2.05 s"``.
 
@@ -43,21 +44,24 @@ def format_seconds(seconds: float) -> str:
     """
     value = validate.plain(validate.scalar(seconds))
     if isinstance(value, (Fraction, Decimal)):  # exact real numbers: shown as floats
-        value = float(value) if not (isinstance(value, Decimal) and value.is_snan()) else None
+        try:
+            value = float(value) if not (isinstance(value, Decimal) and value.is_snan()) else None
+        except OverflowError:
+            value = math.inf if value > 0 else -math.inf
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise validate.BadValue(
             f"seconds must be a number of seconds such as 0.25, not {validate.describe(seconds)}."
         )
     try:
         value = float(value)
-    except OverflowError:
+    except OverflowError:  # an int or a Fraction past float's range
         value = float("inf") if value > 0 else float("-inf")
-    size = abs(value)
-    if not math.isfinite(value) or size >= 1:
-        return f"{value:.3g} s"
-    if size < 1e-3:
-        return f"{value * 1e6:.3g} µs"
-    return f"{value * 1e3:.3g} ms"
+    if math.isfinite(value):  # the smallest unit in which the rounded value stays below 1,000
+        for scale, unit in ((1e6, "µs"), (1e3, "ms")):
+            shown = f"{value * scale:.3g}"
+            if abs(value) * scale < 1000 and abs(float(shown)) < 1000:
+                return f"{shown} {unit}"
+    return f"{value:.3g} s"
 
 
 def _block(result):
@@ -74,6 +78,7 @@ def _block(result):
     )
 
 
+@validate.impostors_refused
 def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Timing:
     """Time ``f(*args, **kwargs)`` after ``warmup`` untimed calls, waiting for each result.
 

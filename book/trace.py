@@ -130,6 +130,7 @@ class Trace:
         return sorted((tuple(ops) for ops in found.values()), key=lambda ops: ops[0].start)
 
 
+@validate.impostors_refused
 def trace_file(log_dir) -> Path:
     """The trace ``jax.profiler.trace(log_dir, ...)`` wrote last under ``log_dir``.
 
@@ -249,6 +250,7 @@ def _device(index, event, args, processes, threads) -> int | None:
     return None
 
 
+@validate.impostors_refused
 def read(path) -> Trace:
     """The ops and steps of a trace file, or of the newest trace under a profile folder.
 

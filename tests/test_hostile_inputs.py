@@ -996,8 +996,11 @@ def impostor_refused_functions():
 
     del forms
     found = []
+    from book import layouts, residuals, shards, strategies
+
     for module in (display, hlo, measured, collective, common, serving, sharding, strategy,
-                   transformer, sizing_form):  # fmt: skip
+                   transformer, sizing_form, cost, sizing, data, residuals, shards, specs,
+                   layouts, checks, trace, strategies, models, timing):  # fmt: skip
         for name, fn in vars(module).items():
             if getattr(fn, "__code__", None) is WRAPPER and fn.__module__ == module.__name__:
                 params = inspect.signature(fn).parameters.values()
@@ -1011,7 +1014,7 @@ def impostor_refused_functions():
 @pytest.mark.parametrize("which", IMPOSTORS)
 def test_an_object_lying_about_its_type_gets_one_sentence_anywhere(which):
     functions = impostor_refused_functions()
-    assert len(functions) >= 40
+    assert len(functions) >= 100
     for name, fn, needed in functions:
         for position in range(needed):
             args = ["8"] * needed
@@ -1132,3 +1135,52 @@ def test_sgd_refuses_gradients_of_other_shapes_and_a_nan_rate():
         models.sgd(params, {k: jnp.ones(()) for k in params}, 0.1)
     with pytest.raises(ReaderError, match="finite"):
         models.sgd(params, params, jnp.array(jnp.nan))
+
+
+def test_crossed_compiler_messages_give_fd_2_back(capfd):
+    first, second = hlo.compiler_messages(), hlo.compiler_messages()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # out of order, as an ExitStack or two threads can
+    second.__exit__(None, None, None)
+    os.write(2, b"back\n")
+    assert capfd.readouterr().err == "back\n"
+    with pytest.raises(ReaderError, match="not catching"):
+        hlo.compiler_messages().__exit__(None, None, None)
+
+
+def test_write_over_a_folder_named_like_a_field_leaves_nothing(tmp_path):
+    (tmp_path / "x.npy").mkdir()
+    with pytest.raises(ReaderError, match="is not a file"):
+        data.write(tmp_path, x=np.arange(8))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]
+
+
+def test_small_results_that_were_wrong():
+    from book import residuals
+
+    assert timing.format_seconds(0.9995) == "1 s" and timing.format_seconds(0.0009995) == "0.999 ms"
+    assert [r.nbytes for r in residuals.parse("f4_e2m1fn[1] from x\ni2[3] from y")] == [1, 1]
+
+    def prints(x):
+        print("tracing")
+        return jnp.sin(x).sum()
+
+    assert [r.dtype for r in residuals.saved(prints, jnp.ones(4))] == ["float32"]
+    with pytest.raises(ReaderError, match="could not trace f"):
+        residuals.saved(lambda x: x, "text")
+
+
+def test_time_from_refuses_a_fifo_and_a_moment_yet_to_come(tmp_path):
+    import time as clock
+
+    run = subprocess.Popen(["true"])
+    run.wait()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ReaderError, match="logs must be a dict"):
+        slurm.time_from({"a": run}, {"a": fifo}, r"at: (\S+)", 1, timeout=2)
+    later = tmp_path / "later"
+    later.write_text(f"at: {clock.time() + 1000}\n")
+    with pytest.raises(ReaderError, match="which is no time.time"):
+        slurm.time_from({"a": run}, {"a": later}, r"at: (\S+)", 1, timeout=2)

@@ -696,3 +696,15 @@ def test_a_job_names_a_process_it_does_not_have(sleeper, tmp_path):
     with book.multihost.start(sleeper, 2, 1, timeout=60, args=[tmp_path]) as job:
         with pytest.raises(ReaderError, match="process"):
             job.signal(signal.SIGTERM, process=2)
+
+
+def test_a_job_started_without_a_with_block_is_stopped_after_its_timeout(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    job = book.multihost.start(script, num_processes=1, devices_per_process=1, timeout=1)
+    job.wait_for("up")
+    waited = time.monotonic()
+    while job.exit_codes() == [None] and time.monotonic() - waited < 30:
+        time.sleep(0.2)
+    assert job.exit_codes() != [None] and job.output(0) == "up\n"
+    assert_nothing_left(tmp_path)

@@ -490,3 +490,11 @@ def test_a_prime_number_of_devices_spans_one_torus_dimension():
             p.seconds("TPU v5e", torus={"fsdp": 2})
     twelve = sizing.plan(LLAMA_8B, fsdp=12, global_batch=48, seq=2048)
     assert twelve.seconds("TPU v5p", torus={"fsdp": 3}).comm["fsdp"] > 0  # 2 x 2 x 3
+
+
+def test_axes_of_one_device_or_on_slow_links_take_no_torus_dimension():
+    p = sizing.plan(LLAMA_8B, tp=4, fsdp=4, global_batch=64, seq=2048)  # dp = pp = 1
+    named = p.seconds("TPU v5e", torus={"fsdp": 1, "tp": 1, "dp": 1, "pp": 1})
+    assert named.bound == p.seconds("TPU v5e", torus={"fsdp": 1, "tp": 1}).bound
+    over_dcn = sizing.plan(LLAMA_8B, tp=8, fsdp=32, dp=2, global_batch=64, seq=2048)
+    assert over_dcn.seconds("TPU v5e", torus={"fsdp": 1, "tp": 1, "dp": 1}).comm["dp"] > 0
