@@ -478,3 +478,25 @@ def test_an_abandoned_check_puts_back_what_it_recorded(monkeypatch):
     assert jax.shard_map is real
     wait_for_no_checker_thread()
     assert jax.shard_map is real
+
+
+def test_an_answer_that_patches_numpy_jax_logging_or_limits_changes_nothing_after():
+    import logging
+    import resource
+
+    real = (np.allclose, jnp.allclose)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+    level = logging.getLogger("jax").level
+
+    def ring_sum(x):
+        np.allclose = lambda *a, **k: True
+        jnp.allclose = lambda *a, **k: jnp.array(True)
+        logging.getLogger("jax").setLevel(logging.CRITICAL)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit[0], 512), limit[1]))
+        jax.monitoring.register_event_listener(lambda *a, **k: None)
+        return None
+
+    exercises.ch05_ring_sum(ring_sum)
+    assert (np.allclose, jnp.allclose) == real
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == limit
+    assert logging.getLogger("jax").level == level

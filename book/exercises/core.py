@@ -19,6 +19,7 @@ import ctypes
 import functools
 import gc
 import inspect
+import logging
 import math
 import os
 import shutil
@@ -32,6 +33,11 @@ import timeit
 import traceback
 import warnings
 from dataclasses import dataclass
+
+try:  # Unix: the limit on open files an answer may lower
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    resource = None
 
 import numpy as np
 
@@ -301,6 +307,35 @@ _CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time
 _HELPERS = ("resource_tracker", "forkserver")  # Python's own long-lived helper processes
 
 
+def _watched_modules() -> list:
+    """The modules whose functions an answer may replace for the rest of the notebook."""
+    import jax
+    import jax.numpy as jnp
+    import numpy.testing
+
+    return [np, numpy.testing, jax, jnp, jax.lax, jax.random, jax.tree_util, math, os]
+
+
+def _listener_lists() -> list[list]:
+    """jax.monitoring's lists of listeners, which an answer can add to (empty where absent)."""
+    from jax._src import monitoring
+
+    names = ("_event_listeners", "_event_duration_secs_listeners", "_scalar_listeners")
+    return [
+        getattr(monitoring, name)
+        for name in names
+        if isinstance(getattr(monitoring, name, None), list)
+    ]
+
+
+def _open_files_limit():
+    """The limit on open files (soft, hard), which an answer may lower; None where unknown."""
+    try:
+        return resource.getrlimit(resource.RLIMIT_NOFILE) if resource else None
+    except (OSError, ValueError):
+        return None
+
+
 class _World:
     """What a reader's code may change or start during a check, taken before it and restored.
 
@@ -355,6 +390,18 @@ class _World:
         self.hooks = (sys.excepthook, threading.excepthook)
         self.tracing = (threading.gettrace(), threading.getprofile())
         self.runtime = _runtime()
+        self.attributes = {module: dict(vars(module)) for module in _watched_modules()}
+        self.loggers = {
+            name: (logger.level, list(logger.handlers), logger.propagate, logger.disabled)
+            for name, logger in [
+                ("", logging.getLogger()),
+                *logging.root.manager.loggerDict.items(),
+            ]
+            if isinstance(logger, logging.Logger)
+        }
+        self.listeners = _listener_lists()
+        self.saved_listeners = [list(listeners) for listeners in self.listeners]
+        self.open_files = _open_files_limit()
         self.exit = os._exit
         os._exit = _exit_in_thread(self.exit)
 
@@ -362,6 +409,20 @@ class _World:
         import jax
 
         os._exit = self.exit
+        for module, names in self.attributes.items():  # np.allclose replaced, say
+            for name, value in names.items():
+                if vars(module).get(name, value) is not value:
+                    setattr(module, name, value)
+        for name, (level, handlers, propagate, disabled) in self.loggers.items():
+            logger = logging.getLogger(name or None)
+            logger.setLevel(level)
+            logger.handlers[:] = handlers
+            logger.propagate, logger.disabled = propagate, disabled
+        for listeners, saved in zip(self.listeners, self.saved_listeners):
+            listeners[:] = saved
+        if self.open_files is not None and _open_files_limit() != self.open_files:
+            with contextlib.suppress(Exception):
+                resource.setrlimit(resource.RLIMIT_NOFILE, self.open_files)
         while _RECORDING:  # the latest first, so each name ends with its real function
             module, name, real = _RECORDING.pop()
             setattr(module, name, real)
