@@ -109,8 +109,9 @@ def _digraph(name: str, engine: str, title: str | None, **node) -> graphviz.Digr
 
 
 def _label(text: str) -> str:
-    """A Graphviz label: the package quotes it, line breaks become Graphviz's own."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+    """A Graphviz label: quoted even when it looks like markup (``<b>x</b>``), line breaks
+    become Graphviz's own, and a lone surrogate its escape."""
+    return graphviz.nohtml(_sendable(text).replace("\\", "\\\\").replace("\n", "\\n"))
 
 
 def _title(title):
@@ -705,7 +706,7 @@ def _labels(labels) -> list[str]:
             label, bool
         ):
             shown = validate.plain(label) if isinstance(label, str) else validate.describe(label)
-            out.append(shown[:60])
+            out.append(_sendable(shown[:60]))
         else:
             raise DisplayError(
                 f"Each label must be a text or a number, not {validate.describe(label)}."
@@ -780,12 +781,12 @@ def before_after_table(
         raise DisplayError(
             f"{len(before)} blocks before but {len(after)} after; pass one per device."
         )
-    rows = [[f"<b>{html.escape(h)}</b>" for h in ("device",) + tuple(headers)]]
+    rows = [[f"<b>{html.escape(_sendable(h))}</b>" for h in ("device",) + tuple(headers)]]
     lines = []
     for k, ((label, b), (_, a)) in enumerate(zip(before, after)):
         rows.append(
             [
-                _box(f"<b>{html.escape(label)}</b>", k),
+                _box(f"<b>{html.escape(_sendable(label))}</b>", k),
                 _box(_block_html(b), k),
                 _box(_block_html(a)),
             ]

@@ -203,6 +203,7 @@ class SlurmJob:
         process = self._index(process)
         while process not in self._pids:
             self._watch()
+            self._check_time()  # a job still pending at its timeout is cancelled, not waited on
             if self._over():
                 raise WorkerError(
                     f"Job {self.id} ended before task {process} started; read why at the end "

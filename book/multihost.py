@@ -327,6 +327,10 @@ def _check_env(env, n: int) -> list[dict[str, str | None]]:
                     "surrogate); remove it."
                 )
             checked[key] = None if value is None else str(value)
+        if sum(len(k) + len(v or "") for k, v in checked.items()) > 100_000:
+            raise ReaderError(
+                "The variables are too long for an environment; pass a file path instead."
+            )
         extras.append(checked)
     return extras
 

@@ -121,7 +121,9 @@ def _started(command: list[str], timeout: float):
     if len(program) > 60 or not program.isprintable():
         program = validate.describe(program, 60)
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            command, capture_output=True, text=True, errors="replace", timeout=timeout
+        )
     except FileNotFoundError:
         raise SlurmError(
             f"There is no {program} here; start a cluster with 'make cluster' first."

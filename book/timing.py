@@ -89,11 +89,20 @@ def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Ti
     validate.callable_(f, "f", error=validate.WrongKind)
     warmup = validate.whole(warmup, "warmup", low=0, high=1000, example=2, error=validate.BadValue)
     runs = validate.whole(runs, "runs", high=100_000, example=10, error=validate.BadValue)
-    for _ in range(warmup):
-        _block(f(*args, **kwargs))
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        _block(f(*args, **kwargs))
-        times.append(time.perf_counter() - start)
+    try:
+        for _ in range(warmup):
+            _block(f(*args, **kwargs))
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            _block(f(*args, **kwargs))
+            times.append(time.perf_counter() - start)
+    except RuntimeError as err:
+        if "deleted" not in str(err):
+            raise
+        raise validate.BadValue(
+            "f consumed an argument on its first call (donate_argnums deletes it), so the next "
+            "run had nothing to read; time a function that keeps its arguments, or one that "
+            "passes its result back in, as chapter 12's relu_in_place does."
+        ) from None
     return Timing(statistics.median(times), min(times), tuple(times))

@@ -483,3 +483,10 @@ def test_an_answer_that_is_no_function_is_named_as_describe_names_it(name, answe
     judged_in_one_sentence(verdict)
     assert " a int64" not in verdict.message and " a ndarray" not in verdict.message
     assert " a str." not in verdict.message
+
+
+def test_a_batch_on_one_device_is_a_verdict_not_a_checker_failure():
+    import jax.numpy as jnp
+
+    verdict = exercises.ch10_read_once(lambda batch, sharding: jnp.asarray(batch.read()))
+    assert not verdict.ok and "on one device only" in verdict.message

@@ -1184,3 +1184,11 @@ def test_time_from_refuses_a_fifo_and_a_moment_yet_to_come(tmp_path):
     later.write_text(f"at: {clock.time() + 1000}\n")
     with pytest.raises(ReaderError, match="which is no time.time"):
         slurm.time_from({"a": run}, {"a": later}, r"at: (\S+)", 1, timeout=2)
+
+
+def test_diagram_labels_that_look_like_markup_or_hold_surrogates_are_drawn():
+    from jupyter_client.session import json_packer
+
+    ring = display.ring_diagram(["<b>bold</b>", "a" + SURROGATE])
+    json_packer({"data": ring._repr_mimebundle_()})
+    assert "<b>bold</b>" in ring._repr_mimebundle_()["text/plain"]

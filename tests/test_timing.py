@@ -101,3 +101,11 @@ def test_format_seconds_shows_exact_real_numbers():
     assert timing.format_seconds(Fraction(1, 2)) == "500 ms"
     assert timing.format_seconds(Decimal("0.003")) == "3 ms"
     assert timing.format_seconds(Decimal("NaN")) == "nan s"
+
+
+def test_measure_names_a_donated_argument():
+    import jax
+    import jax.numpy as jnp
+
+    with pytest.raises(ReaderError, match="donate_argnums deletes it"):
+        timing.measure(jax.jit(lambda x: x * 2, donate_argnums=0), jnp.ones(3), runs=2)

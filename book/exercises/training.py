@@ -646,8 +646,8 @@ def ch10_read_once(build):
     need(out.shape == want.shape, f"The batch has shape {out.shape}; it should be {want.shape}.")
     need(
         out.sharding.is_equivalent_to(sharding, out.ndim),
-        f"The batch comes out as {out.sharding.spec} on its mesh; build it with the sharding "
-        "you were given, P('data') on the 4x2 mesh.",
+        f"The batch comes out {_placed(out.sharding)}; build it with the sharding you were "
+        "given, P('data') on the 4x2 mesh.",
     )
     for shard in out.addressable_shards:
         need(
@@ -773,3 +773,12 @@ def ch10_padded_epoch(padded_epoch):
         "every batch is full size, only the last one holds masked padding, and each epoch "
         "visits every example once in an order fixed by (seed, epoch)."
     )
+
+
+def _placed(sharding) -> str:
+    """Where an array's sharding puts it, in words a verdict can quote."""
+    spec = getattr(sharding, "spec", None)
+    if spec is not None:
+        return f"as {spec} on its mesh"
+    n = len(sharding.device_set)
+    return "on one device only" if n == 1 else f"on {n} devices only"
