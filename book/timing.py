@@ -59,7 +59,7 @@ def format_seconds(seconds: float) -> str:
     if math.isfinite(value):  # the smallest unit in which the rounded value stays below 1,000
         for scale, unit in ((1e6, "µs"), (1e3, "ms")):
             shown = f"{value * scale:.3g}"
-            if abs(value) * scale < 1000 and abs(float(shown)) < 1000:
+            if abs(float(shown)) < 1000:
                 return f"{shown} {unit}"
     return f"{value:.3g} s"
 

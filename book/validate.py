@@ -142,7 +142,7 @@ def _impostor(values, depth: int = 0, budget: list | None = None) -> str | None:
         except Exception:  # noqa: BLE001 - the very thing looked for
             return f"an object whose attributes cannot be read (a {real.__name__})"
         if claimed is not real:
-            name = claimed.__name__ if type(claimed) is type else "something else"
+            name = claimed.__name__ if issubclass(type(claimed), type) else "something else"
             return f"an object that claims to be a {name} but is a {real.__name__}"
         if depth >= 4:
             continue
