@@ -941,9 +941,17 @@ def test_submit_names_what_sbatch_could_not_take(no_sbatch, kwargs, words):
     one_sentence(err.value)
 
 
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """A made-up job's id may be a real job of the local cluster: ask and cancel nothing."""
+    monkeypatch.setattr(jobs.slurm, "job", lambda job_id: {"JobState": "PENDING"})
+    monkeypatch.setattr(jobs.slurm, "cancel", lambda job_id: None)
+    monkeypatch.setattr(jobs, "_task_pids", lambda job_id, script: {})
+
+
 @SOME
 @given(ODD)
-def test_a_jobs_methods_refuse_in_one_sentence(tmp_path, odd):
+def test_a_jobs_methods_refuse_in_one_sentence(no_cluster, tmp_path, odd):
     job = jobs.SlurmJob(7, "task.py", 2, tmp_path / "job-7.out", 5.0)
     assert result_or_sentence(lambda: job.errors(odd)) in (None, "")
     assert result_or_sentence(lambda: job.output(odd)) in (None, "")
@@ -957,7 +965,7 @@ def test_a_jobs_methods_refuse_in_one_sentence(tmp_path, odd):
 
 
 @pytest.mark.parametrize("pattern", ["(", "*", "[a-", "a{2,1}"])
-def test_a_pattern_python_cannot_read_is_named(tmp_path, pattern):
+def test_a_pattern_python_cannot_read_is_named(no_cluster, tmp_path, pattern):
     job = jobs.SlurmJob(7, "task.py", 2, tmp_path / "job-7.out", 5.0)
     with pytest.raises(ReaderError, match="regular expression") as err:
         job.wait_for(pattern)
