@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from book import slurm, validate
+from book import linesearch, slurm, validate
 from book.errors import ReaderError
 from book.multihost import Outputs, WorkerError, _check_args, _check_env, tail
 
@@ -115,19 +115,24 @@ class SlurmJob:
         """Wait until task ``process`` prints a line matching ``pattern``; return the match."""
         regex = validate.pattern(pattern)
         process = self._index(process)
-        while True:
-            found = regex.search(self.output(process))
-            if found:
-                return found
-            if self._over():
-                raise WorkerError(
-                    f"Job {self.id} ended before task {process} printed a line matching "
-                    f"{pattern!r}; read why at the end of its log:\n{self._log(process)}",
-                    process,
-                    self.outputs(),
-                )
-            self._check_time()
-            time.sleep(_POLL_SECONDS)
+        with linesearch.Search(regex, f"task {process}'s output") as search:
+            while True:
+                found = search(self.output(process), self.deadline)
+                if found:
+                    return found
+                if self._over():
+                    found = search(self.output(process), self.deadline)  # its last lines
+                    if found:
+                        return found
+                    raise WorkerError(
+                        f"Job {self.id} ended before task {process} printed a line matching "
+                        f"{validate.describe(regex.pattern, 60)}; read why at the end of its "
+                        f"log:\n{self._log(process)}",
+                        process,
+                        self.outputs(),
+                    )
+                self._check_time()
+                time.sleep(_POLL_SECONDS)
 
     def wait(self) -> Outputs:
         """Wait for the job's end; return what each task printed, or raise if it failed."""

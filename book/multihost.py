@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from book import validate
+from book import linesearch, validate
 from book.errors import ReaderError
 
 TAIL_LINES = 20
@@ -727,19 +727,24 @@ class Job:
         i = self._index(process)
         regex = validate.pattern(pattern)
         self._still_running("wait_for")
-        while True:
-            found = regex.search(self.output(i))
-            if found:
-                return found
-            self._check(stop_at_failure=True)
-            if all(code is not None for code in self.exit_codes()):
-                raise WorkerError(
-                    f"Every worker running {self.path.name} ended before process {i} printed "
-                    f"a line matching {validate.describe(regex.pattern, 60)}; look at its output.",
-                    i,
-                    self.outputs(),
-                )
-            time.sleep(_POLL_SECONDS)
+        with linesearch.Search(regex, f"process {i}'s output") as search:
+            while True:
+                found = search(self.output(i), self.deadline)
+                if found:
+                    return found
+                self._check(stop_at_failure=True)
+                if all(code is not None for code in self.exit_codes()):
+                    found = search(self.output(i), self.deadline)  # its last lines
+                    if found:
+                        return found
+                    raise WorkerError(
+                        f"Every worker running {self.path.name} ended before process {i} "
+                        f"printed a line matching {validate.describe(regex.pattern, 60)}; look "
+                        "at its output.",
+                        i,
+                        self.outputs(),
+                    )
+                time.sleep(_POLL_SECONDS)
 
     def wait(self) -> Outputs:
         """Wait until every worker has exited cleanly; return what each printed.

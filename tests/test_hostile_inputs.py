@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from fractions import Fraction
 
 import jax
@@ -864,6 +865,47 @@ def test_a_running_jobs_signal_and_pattern_are_checked(tmp_path):
                 call()
             one_sentence(caught.value)
         assert job.wait_for(lying("text", "rea(dy)")).group(1) == "dy"
+
+
+def test_a_slow_pattern_is_stopped_at_the_jobs_timeout(tmp_path):
+    # Three wildcards over a long line that almost matches: cubic time, hours in the kernel.
+    from book import linesearch, multihost
+
+    script = tmp_path / "long_line.py"
+    script.write_text("print('loss = ' * 3000, flush=True)\nimport time\ntime.sleep(60)\n")
+    began = time.monotonic()
+    with multihost.start(script, num_processes=1, timeout=4) as job:
+        with pytest.raises(linesearch.SearchTooSlow) as caught:
+            job.wait_for(r".*loss.*=.*nan")
+        one_sentence(caught.value)
+    assert time.monotonic() - began < 30
+    assert not [p for p in children_command_lines() if "re.compile(json" in p]
+
+
+def children_command_lines() -> list[str]:
+    """The command lines of this process's children, read from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            if parent == os.getpid():
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    found.append(f.read().decode(errors="replace"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_a_line_printed_without_its_newline_is_found(tmp_path):
+    from book import multihost
+
+    script = tmp_path / "prompt.py"
+    script.write_text(
+        "import sys, time\nsys.stdout.write('ready> ')\nsys.stdout.flush()\ntime.sleep(60)\n"
+    )
+    with multihost.start(script, num_processes=1, timeout=60) as job:
+        assert job.wait_for(r"ready> $").group() == "ready> "
 
 
 @pytest.mark.parametrize(
