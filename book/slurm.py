@@ -327,15 +327,17 @@ def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
     text = validate.text(text, "the output", example="'0: ...'", limit=2**31, empty=True)
     num_tasks = validate.whole(num_tasks, "num_tasks", high=validate.MAX_DEVICES, example=2)
     lines: list[list[str]] = [[] for _ in range(num_tasks)]
-    for line in text.splitlines():
-        found = _LABEL.match(line)
+    # Lines end at "\n" only: a task may print "\u2028" or "\f" inside a line of its own.
+    for line in text.removesuffix("\n").split("\n") if text else []:
+        found = _LABEL.match(line.removesuffix("\r"))
         if found and int(found.group(1)) < num_tasks:
             lines[int(found.group(1))].append(found.group(2))
     texts = []
     for task in lines:
-        kept = [_without_leading_pieces(line) for line in task]
-        kept = [line for line in kept if line.strip() and not _notice(line)]
-        texts.append("".join(line + "\n" for line in kept))
+        if any("[Gloo]" in line for line in task):  # only then can a line be a notice's piece
+            noise = _notices(task)
+            task = [_without_leading_pieces(x) for i, x in enumerate(task) if i not in noise]
+        texts.append("".join(line + "\n" for line in task if line.strip()))
     return Outputs(texts, script)
 
 
@@ -347,9 +349,26 @@ def _without_leading_pieces(line: str) -> str:
     return line
 
 
-def _notice(line: str) -> bool:
-    """Whether a line holds nothing but pieces of Gloo's connection notices (a bare number
-    too: a piece of one, as the workers print every value after its name). A piece that
-    starts a notice can follow a number with no space between them ("3[Gloo] Rank")."""
-    words = line.replace("[Gloo]", " [Gloo] ").split()
-    return all(word in _NOTICE_WORDS or word.isdigit() for word in words)
+def _notices(lines: list[str]) -> set[int]:
+    """The lines that hold nothing but pieces of Gloo's connection notices, by index.
+
+    A piece that starts a notice can follow a number with no space between them ("3[Gloo]
+    Rank"). A line of bare numbers is a piece only beside one of words, as a notice prints its
+    numbers between its words: a task's own "42" elsewhere is kept.
+    """
+    words = [line.replace("[Gloo]", " [Gloo] ").split() for line in lines]
+    numbers = {i for i, w in enumerate(words) if w and all(x.isdigit() for x in w)}
+    worded = {
+        i
+        for i, w in enumerate(words)
+        if w and i not in numbers and all(x in _NOTICE_WORDS or x.isdigit() for x in w)
+    }
+    noise, run = set(worded), []
+    for i in range(len(words) + 1):
+        if i in numbers:
+            run.append(i)
+            continue
+        if run and (run[0] - 1 in worded or i in worded):
+            noise.update(run)
+        run = []
+    return noise

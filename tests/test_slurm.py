@@ -63,6 +63,14 @@ def test_tasks_splits_labelled_output_and_drops_notices_and_slurm_lines():
     assert book.slurm.tasks("", 2) == ["", ""]
 
 
+def test_a_tasks_own_numbers_and_line_separators_are_kept():
+    # A bare number is a notice's piece only beside one; "\u2028" and "\f" end no line.
+    text = "0: 42\n1: a\u2028b\f\n0: Rank\n1: 7\n"
+    assert list(book.slurm.tasks(text, 2)) == ["42\nRank\n", "a\u2028b\f\n7\n"]
+    text = "0: [Gloo] Rank 0 is connected to\n0: 3\n0: 42 steps\n0: 5\n"
+    assert list(book.slurm.tasks(text, 1)) == ["42 steps\n5\n"]
+
+
 def test_no_sinfo_or_a_failing_or_silent_one_means_no_cluster(stand_ins):
     assert book.slurm.usable_nodes() == []  # nothing on the PATH
     stand_ins("sinfo", "sys.exit(1)\n")
