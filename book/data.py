@@ -83,10 +83,12 @@ def _field_paths(folder: Path) -> list[Path]:
 
 def _check_field(name: str, values: np.ndarray, where: str) -> None:
     """A field the loader can serve: numbers, one row per example, at least one example."""
-    if values.dtype.name == "bfloat16":
+    kind = values.dtype.name
+    if values.dtype.type.__module__ == "ml_dtypes":  # bfloat16, float8, int4: no .npy type
+        wider = "int32" if "int" in kind else "float32"
         raise ReaderError(
-            f"Field {name!r}{where} is bfloat16, which a .npy file cannot store (it reads back "
-            "as raw bytes); write it as float32 and cast each built batch to bfloat16."
+            f"Field {name!r}{where} is {kind}, which a .npy file cannot store (it reads back "
+            f"as raw bytes); write it as {wider} and cast each built batch to {kind}."
         )
     if values.dtype.kind not in _KINDS:
         raise ReaderError(
@@ -563,7 +565,7 @@ def check_epoch(ids, num_examples: int) -> None:
 
 @validate.impostors_refused
 def local_values(x) -> np.ndarray:
-    """This process's rows of a batch-sharded array, in global order, without duplicates.
+    """This process's block of a sharded array (its rows, for a batch), without duplicates.
 
     Read from ``addressable_shards``, so it works on arrays that span other processes' devices
     too; replicated copies of the same rows count once.
@@ -571,8 +573,20 @@ def local_values(x) -> np.ndarray:
     validate.array(x, "local_values's argument")
     if x.ndim == 0:
         raise ReaderError("local_values needs an array with a batch dimension, not a 0-d array.")
-    pieces = {}
+    pieces = {}  # (start, stop) along each dimension: the block, once however many copies
     for shard in x.addressable_shards:
-        start = shard.index[0].indices(x.shape[0])[0] if shard.index else 0
-        pieces.setdefault(start, np.asarray(shard.data))
-    return np.concatenate([pieces[k] for k in sorted(pieces)])
+        where = tuple(s.indices(n)[:2] for s, n in zip(shard.index, x.shape))
+        pieces.setdefault(where, shard.data)
+    spans = [sorted({where[d] for where in pieces}) for d in range(x.ndim)]
+    if len(pieces) != math.prod(len(s) for s in spans):
+        raise ReaderError(
+            "This process's devices hold blocks of the array that do not form one rectangle; "
+            "read it with jax.experimental.multihost_utils.process_allgather instead."
+        )
+
+    def block(prefix: tuple) -> list | np.ndarray:
+        if len(prefix) == x.ndim:
+            return np.asarray(pieces[prefix])
+        return [block((*prefix, span)) for span in spans[len(prefix)]]
+
+    return np.block(block(()))

@@ -55,12 +55,17 @@ def _dtype(dtype):
     try:
         value = isinstance(dtype, (np.generic, np.ndarray, jax.Array))
         floating = not value and jnp.issubdtype(dtype, jnp.floating)
-        floating = floating and np.dtype(dtype).itemsize <= 8
+        floating = floating and 2 <= np.dtype(dtype).itemsize <= 8
     except Exception:  # noqa: BLE001 - not a dtype at all
         floating = False
     if not floating:
+        try:
+            shown = np.dtype(dtype).name if not value else validate.describe(dtype)
+        except Exception:  # noqa: BLE001 - not a dtype at all
+            shown = validate.describe(dtype)
         raise validate.BadValue(
-            f"dtype must be a floating type such as np.float32, not {validate.describe(dtype)}."
+            "dtype must be a floating type of 16 to 64 bits, such as np.float32 or "
+            f"jnp.bfloat16, not {shown}."
         )
     return dtype
 
@@ -76,9 +81,18 @@ def _array(value, name: str, ndim: int, *, integer: bool = False):
     if len(shape) != ndim:
         raise validate.BadValue(f"{name} must have {ndim} dimension(s), not shape {shape}.")
     kind = jnp.integer if integer else jnp.number
-    if jnp.issubdtype(dtype, jnp.bool_) or not jnp.issubdtype(dtype, kind):
-        wanted = "whole numbers (an integer dtype)" if integer else "numbers"
+    if (
+        jnp.issubdtype(dtype, jnp.bool_)
+        or jnp.issubdtype(dtype, jnp.complexfloating)
+        or not jnp.issubdtype(dtype, kind)
+    ):
+        wanted = "whole numbers (an integer dtype)" if integer else "real numbers"
         raise validate.BadValue(f"{name} must hold {wanted}, not {dtype}.")
+    if jnp.issubdtype(dtype, jnp.floating) and np.dtype(dtype).itemsize < 2:
+        raise validate.BadValue(
+            f"{name} holds {dtype}, which JAX does not mix with other types in arithmetic; "
+            "cast it to float32 or bfloat16 first."
+        )
     return value
 
 
@@ -124,6 +138,7 @@ def _learning_rate(value):
         isinstance(value, jax.Array)
         and value.shape == ()
         and jnp.issubdtype(value.dtype, jnp.floating)  # a PRNG key's dtype has no kind
+        and value.dtype.itemsize >= 2  # float8 mixes with no other type
     ):
         if not value.is_fully_addressable or bool(jnp.isfinite(value)):
             return value
@@ -195,6 +210,11 @@ def cross_entropy(logits, labels):
             f"There are {labels.shape[0]} labels for {logits.shape[0]} rows of logits; give one "
             "label per example."
         )
+    if 0 in logits.shape:
+        raise validate.BadValue(
+            f"The logits have shape {logits.shape}: score at least one example over at least "
+            "one class."
+        )
     if not isinstance(labels, jax.core.Tracer) and labels.size:
         low, high = int(np.min(np.asarray(labels))), int(np.max(np.asarray(labels)))
         if low < 0 or high >= logits.shape[1]:
@@ -233,6 +253,9 @@ def sgd(params: dict, grads: dict, learning_rate: float) -> dict:
                 f"params and grads must hold arrays, not {validate.describe(leaf)}."
             )
     for (path, p), g in zip(jax.tree.leaves_with_path(params), jax.tree.leaves(grads)):
+        name = jax.tree_util.keystr(path)
+        _array(p, f"params{name}", len(p.shape))
+        _array(g, f"The gradient of {name}", len(g.shape))
         if tuple(p.shape) != tuple(g.shape):
             raise validate.BadValue(
                 f"The gradient of {jax.tree_util.keystr(path)} has shape {tuple(g.shape)}, its "

@@ -170,6 +170,14 @@ def test_local_values_counts_replicated_rows_once(mesh):
     np.testing.assert_array_equal(book.data.local_values(sharded), np.arange(8))
 
 
+@pytest.mark.parametrize("spec", [P(None, "model"), P("data", "model"), P("model", "data")])
+def test_local_values_assembles_blocks_of_every_dimension(spec):
+    mesh2 = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    a = np.arange(64.0).reshape(8, 8)
+    x = jax.device_put(a, NamedSharding(mesh2, spec))
+    np.testing.assert_array_equal(book.data.local_values(x), a)
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [
@@ -227,11 +235,14 @@ def test_write_refuses_fields_the_loader_cannot_serve(tmp_path, fields, words):
     assert not list(tmp_path.glob("*.npy"))  # nothing written
 
 
-def test_bfloat16_fields_are_refused_with_the_way_round_it(tmp_path):
+@pytest.mark.parametrize(
+    "dtype, wider", [("bfloat16", "float32"), ("float8_e4m3fn", "float32"), ("int4", "int32")]
+)
+def test_fields_npy_cannot_store_are_refused_with_the_way_round_it(tmp_path, dtype, wider):
     import jax.numpy as jnp
 
-    with pytest.raises(ReaderError, match="write it as float32"):
-        book.data.write(tmp_path, x=np.asarray(jnp.ones((4, 2), jnp.bfloat16)))
+    with pytest.raises(ReaderError, match=f"cannot store.*write it as {wider}"):
+        book.data.write(tmp_path, x=np.asarray(jnp.ones((4, 2), getattr(jnp, dtype))))
 
 
 def test_check_epoch_counts_ids_outside_the_epoch_as_such():

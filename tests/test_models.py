@@ -105,3 +105,30 @@ def test_a_key_given_as_the_learning_rate_is_refused_in_one_sentence(setup):
     with pytest.raises(ReaderError, match="learning_rate must be a number"):
         models.sgd(params, params, jax.random.key(0))
     assert models.sgd(params, params, jnp.float32(0.5))["w1"].shape == params["w1"].shape
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda p, x, y: models.init(0, 4, 8, 3, dtype=jnp.float8_e4m3fn), "not float8_e4m3fn"),
+        (lambda p, x, y: models.forward(p, x.astype(jnp.float8_e4m3fn)), "cast it to float32"),
+        (lambda p, x, y: models.loss(p, x.astype(jnp.complex64), y), "real numbers"),
+        (lambda p, x, y: models.loss(p, x[:0], y[:0]), "at least one example"),
+        (lambda p, x, y: models.cross_entropy(jnp.ones((2, 0)), y[:2]), "at least one class"),
+        (
+            lambda p, x, y: models.sgd(p, jax.tree.map(lambda a: a.astype(jnp.complex64), p), 1),
+            "real numbers",
+        ),
+        (
+            lambda p, x, y: models.sgd(
+                p, {**p, "b2": jax.random.split(jax.random.key(0), p["b2"].shape)}, 0.1
+            ),
+            "real numbers, not key",
+        ),
+    ],
+)
+def test_kinds_the_model_cannot_compute_with_are_refused_in_one_sentence(setup, call, words):
+    from book.errors import ReaderError
+
+    with pytest.raises(ReaderError, match=words):
+        call(*setup)
