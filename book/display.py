@@ -746,6 +746,8 @@ def _inline_text(values: np.ndarray, max_rows: int = 4) -> str:
     values = np.asarray(values)
     if values.ndim == 0:
         return _fmt(values[()])
+    if values.size == 0:
+        return f"[] {'×'.join(map(str, values.shape))}"
     rows = values.reshape(-1, values.shape[-1]) if values.ndim > 1 else values[None]
     lines = []
     for row in rows[:max_rows]:
@@ -939,7 +941,7 @@ def collective_diagram(
             lines.append(f"{before[s][0]} -> {to}: {moved}")
         if len(lines) > 2 * n:  # text can list a few moves; the values are in the tables
             lines = [*lines[: 2 * n], f"… and {len(lines) - 2 * n} more moves"]
-        text += lines
+        text += lines or ["no value moved: every block after is empty"] * (not zeros)
         for d in sorted(zeros):
             text.append(f"{after[d][0]}: zeros, nobody sent to it")
     else:

@@ -43,7 +43,7 @@ class Summary:
 def index_key(index, shape) -> tuple[tuple[int, int], ...]:
     """A shard's index as (start, stop) per dimension: equal keys mean the same slice."""
     index = validate.slices(index, "index")
-    shape = validate.sizes(shape, "shape", low=0)
+    shape = validate.sizes(shape, "shape", low=0, max_rank=64)  # NumPy's most dimensions
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 
@@ -109,6 +109,8 @@ def blocks(given) -> list[tuple[str, np.ndarray]]:
             label, values = validate.plain(item[0])[:60], item[1]
         try:
             values = np.asarray(values)
+            if values.dtype.type.__module__ == "ml_dtypes":  # bfloat16, float8, int4: shown
+                values = values.astype(np.int64 if "int" in values.dtype.name else np.float32)
         except Exception:
             values = None
         if values is None or values.dtype.kind not in "biuf" or values.size > MAX_VALUES:
@@ -131,6 +133,11 @@ def trace_moves(before, after) -> tuple[dict[tuple[int, int], list], set[int]]:
     home = {}
     for k, (_, b) in enumerate(before):
         for v in b.ravel().tolist():
+            if v != v:
+                raise ShardError(
+                    "An input holds nan, whose path cannot be traced (nan equals nothing, not "
+                    "even itself); give every input element a distinct number."
+                )
             if v in home:
                 raise ShardError(
                     f"The value {v} appears twice among the inputs, so its path cannot be traced; "

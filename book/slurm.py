@@ -315,7 +315,13 @@ def wait(job_id, timeout: float = 120) -> dict[str, str]:
 def cancel(job_id) -> None:
     """Cancel a job (``scancel``); one that has already ended is left as it is."""
     job_id = validate.whole(job_id, "job_id", example=12)
-    subprocess.run(["scancel", str(job_id)], capture_output=True, timeout=30)
+    try:
+        _started(["scancel", str(job_id)], timeout=30)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(
+            f"scancel did not answer within 30 s, so job {job_id} may still run; check that "
+            "the cluster is up with 'sinfo', then cancel it with 'scancel'."
+        ) from None
 
 
 def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:

@@ -10,6 +10,8 @@ a message never prints a value it cannot print quickly (``10**10000`` is named b
 
 from __future__ import annotations
 
+import decimal
+import fractions
 import functools
 import itertools
 import math
@@ -305,6 +307,8 @@ def whole(
                 hint = ", typed with the digits 0 to 9"
             raise error(f"{wanted}{hint}, not {describe(value)}.")
         value = int(body)
+    if type(value) is fractions.Fraction and value.denominator == 1:  # exact, unlike 8.0
+        value = value.numerator
     if not _is_whole(value):
         shown = describe(value)
         if isinstance(value, str):
@@ -336,7 +340,7 @@ def seconds(
     given, value = value, plain(scalar(value))
     wanted = f"{name} must be a number of seconds such as 60, not {describe(given)}."
     if isinstance(value, (bool, np.bool_, np.timedelta64)) or not isinstance(
-        value, (int, float, np.integer, np.floating)
+        value, (numbers.Real, np.integer, np.floating, decimal.Decimal)
     ):
         raise error(wanted)
     try:
@@ -359,6 +363,7 @@ def seconds(
 
 def flag(value, name: str, *, error: type[ReaderError] = ReaderError) -> bool:
     """``True`` or ``False`` (a NumPy bool too); the text ``'False'`` is refused."""
+    value = scalar(value)  # np.array(True) too
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     shown = describe(value) + (" (a string)" if isinstance(value, str) else "")

@@ -1242,3 +1242,37 @@ def test_diagram_labels_that_look_like_markup_or_hold_surrogates_are_drawn():
     ring = display.ring_diagram(["<b>bold</b>", "a" + SURROGATE])
     json_packer({"data": ring._repr_mimebundle_()})
     assert "<b>bold</b>" in ring._repr_mimebundle_()["text/plain"]
+
+
+# Sweep 11: odd but valid values read rightly, and odd arrays shown or refused in a sentence.
+def test_exact_numbers_and_0d_flags_are_read():
+    assert validate.seconds(Fraction(30), "timeout") == 30.0
+    assert validate.seconds(__import__("decimal").Decimal("2.5"), "timeout") == 2.5
+    assert validate.whole(Fraction(64, 8), "fsdp") == 8
+    with pytest.raises(ReaderError, match="whole number"):
+        validate.whole(Fraction(1, 2), "fsdp")
+    assert validate.flag(np.array(True), "bidirectional") is True
+
+
+def test_arrays_of_many_or_no_elements_are_shown():
+    from book import display, shards
+
+    assert shards.summarize(jnp.zeros((1,) * 9)).shape == (1,) * 9
+    mesh = jax.make_mesh((8,), ("x",))
+    empty = jax.device_put(jnp.zeros((8, 0)), NamedSharding(mesh, P("x")))
+    assert "[] 1×0" in display.before_after_table(empty, empty).text
+    assert "every block after is empty" in display.collective_diagram(empty, empty).text
+    bf16 = [jnp.arange(2, dtype=jnp.bfloat16), jnp.arange(2, 4, dtype=jnp.bfloat16)]
+    assert shards.trace_moves(bf16, bf16[::-1])[0] == {(0, 1): [0.0, 1.0], (1, 0): [2.0, 3.0]}
+    with pytest.raises(ReaderError, match="nan equals nothing") as caught:
+        shards.trace_moves([np.array([1.0, np.nan])], [np.array([1.0, np.nan])])
+    one_sentence(caught.value)
+
+
+def test_cancel_without_slurm_says_so(monkeypatch):
+    from book import slurm
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ReaderError, match="There is no scancel here") as caught:
+        slurm.cancel(5)
+    one_sentence(caught.value)
