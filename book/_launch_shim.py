@@ -28,6 +28,7 @@ import runpy
 import select
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import traceback
@@ -118,6 +119,28 @@ def _split_stdout(native: str) -> None:
         errors="backslashreplace",
         write_through=True,
     )
+    _children_print_with_python(python_out)
+
+
+def _children_print_with_python(python_out: int) -> None:
+    """A program the script starts (subprocess, os.system) writes to the worker's output.
+
+    It would inherit file descriptor 1, native code's log, and its lines would be lost with
+    Gloo's notices; so a child whose stdout is not chosen gets Python's instead.
+    """
+    popen_init = subprocess.Popen.__init__
+
+    def init(self, args, *rest, **kwargs):
+        if len(rest) < 4 and kwargs.get("stdout") is None:  # stdout: the fifth positional
+            kwargs["stdout"] = python_out
+        popen_init(self, args, *rest, **kwargs)
+
+    def system(command):
+        code = subprocess.call(command, shell=True)
+        return code << 8 if code >= 0 else -code  # a wait status, as os.system returns
+
+    subprocess.Popen.__init__ = init
+    os.system = system
 
 
 def _run(script: str, args: list[str], raised: str) -> int:
@@ -131,6 +154,12 @@ def _run(script: str, args: list[str], raised: str) -> int:
             return 0
         if not isinstance(stop.code, int):
             print(stop.code, file=sys.stderr)
+        elif not 0 <= stop.code <= 255:
+            print(
+                f"launch: exit code {stop.code} reaches the launcher as {stop.code % 256}: "
+                "the operating system keeps 8 bits of it",
+                file=sys.stderr,
+            )
         return stop.code if isinstance(stop.code, int) else 1
     except BaseException as error:
         kind = type(error)

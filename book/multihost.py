@@ -550,8 +550,8 @@ def launch(
     """Run ``script`` as ``num_processes`` JAX processes with CPU devices; return their output.
 
     The output of a worker is what its Python code printed to stdout (its last
-    ``OUTPUT_BYTES``, with a note of how much came before); what native code writes to stdout
-    (Gloo's connection notices) is left out.
+    ``OUTPUT_BYTES``, with a note of how much came before) and what the programs it starts
+    print; what native code writes to stdout (Gloo's connection notices) is left out.
 
     Each worker gets ``devices_per_process`` CPU devices, gloo collectives and a coordinator on
     a free local port, and finds ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,

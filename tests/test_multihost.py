@@ -136,6 +136,31 @@ def test_launch_runs_real_jax_processes(tmp_path):
     assert_nothing_left(tmp_path)
 
 
+def test_what_a_workers_own_programs_print_is_kept(tmp_path):
+    script = tmp_path / "programs.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, subprocess, sys
+            print("from python", flush=True)
+            subprocess.run(["echo", "from echo"])
+            assert os.system("echo from os.system") == 0 and os.system("exit 3") == 3 << 8
+            captured = subprocess.run(["echo", "x"], capture_output=True, text=True).stdout
+            print("captured", captured.strip(), flush=True)
+            """
+        )
+    )
+    (out,) = launch(script, num_processes=1, timeout=60)
+    assert out.split("\n")[:4] == ["from python", "from echo", "from os.system", "captured x"]
+
+
+def test_an_exit_code_past_255_is_explained(tmp_path):
+    script = tmp_path / "exits.py"
+    script.write_text("import sys\nsys.exit(300)\n")
+    with pytest.raises(WorkerError, match="exit code 300 reaches the launcher as 44"):
+        launch(script, num_processes=1, timeout=60)
+
+
 def test_each_worker_finds_its_environment(tmp_path):
     script = tmp_path / "env_worker.py"
     script.write_text(
