@@ -17,6 +17,7 @@ Everything here returns plain data; ``book.display`` turns it into tables, listi
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import re
@@ -533,10 +534,15 @@ def dataflow(compiled) -> Dataflow:
     found: list[Node] = []
 
     def gather(names) -> tuple[int, ...]:
-        sources: list[int] = []
+        sources: dict[int, None] = {}  # ordered, each once
         for name in names:
-            sources += [s for s in alias.get(name, []) if s not in sources]
+            sources.update(dict.fromkeys(alias.get(name, [])))
         return tuple(sources)
+
+    ends: dict[str, _Instruction] = {}  # an async or start instruction's name: its done
+    for inst in insts:
+        if inst.op.endswith("done") and inst.operands:
+            ends.setdefault(inst.operands[0], inst)
 
     for inst in insts:
         base = _base_op(inst.op)
@@ -549,10 +555,7 @@ def dataflow(compiled) -> Dataflow:
         if inst.op == "async-start":
             base = _async_collective(module, inst)
         if base:
-            done = next(
-                (i for i in insts if i.operands[:1] == [inst.name] and i.op.endswith("done")),
-                inst,
-            )
+            done = ends.get(inst.name, inst)
             row = _row(done, base, inst, module.num_devices)
             node = Node("collective", base, _short_type(done), collective=row)
         elif inst.op == "parameter":
@@ -571,21 +574,23 @@ def dataflow(compiled) -> Dataflow:
 
 def _merge_siblings(found: list[Node], outputs: list[int]) -> Dataflow:
     """One node for each set of identical siblings, inputs and outputs renumbered to match."""
-    consumers = []
-    for k in range(len(found)):
-        readers = tuple(j for j, node in enumerate(found) if k in node.inputs)
-        consumers.append(readers + (("out",) if k in outputs else ()))
+    readers: list[list] = [[] for _ in found]
+    for j, node in enumerate(found):
+        for k in node.inputs:
+            readers[k].append(j)
+    returned = set(outputs)
+    consumers = [tuple(r) + (("out",) if k in returned else ()) for k, r in enumerate(readers)]
     first: dict[tuple, int] = {}
     merged: dict[int, int] = {}
     for k, node in enumerate(found):
         merged[k] = first.setdefault((replace(node, inputs=()), node.inputs, consumers[k]), k)
     kept = [k for k in range(len(found)) if merged[k] == k]
     number = {k: n for n, k in enumerate(kept)}
+    counts = collections.Counter(merged.values())
     nodes = []
     for k in kept:
         inputs = tuple(dict.fromkeys(number[merged[i]] for i in found[k].inputs))
-        count = sum(1 for j in merged if merged[j] == k)
-        nodes.append(replace(found[k], inputs=inputs, count=count))
+        nodes.append(replace(found[k], inputs=inputs, count=counts[k]))
     return Dataflow(tuple(nodes), tuple(dict.fromkeys(number[merged[k]] for k in outputs)))
 
 
