@@ -29,7 +29,7 @@ def _numbers(value, name: str) -> np.ndarray:
     array = None
     if not isinstance(value, (str, bytes, dict, set)):
         try:
-            array = np.asarray(value)
+            array = validate.widened(np.asarray(value))
         except Exception:  # noqa: BLE001 - a ragged or self-holding list, an odd object
             array = None
     if array is None or array.dtype.kind not in "biuf":

@@ -108,9 +108,7 @@ def blocks(given) -> list[tuple[str, np.ndarray]]:
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             label, values = validate.plain(item[0])[:60], item[1]
         try:
-            values = np.asarray(values)
-            if values.dtype.type.__module__ == "ml_dtypes":  # bfloat16, float8, int4: shown
-                values = values.astype(np.int64 if "int" in values.dtype.name else np.float32)
+            values = validate.widened(np.asarray(values))
         except Exception:
             values = None
         if values is None or values.dtype.kind not in "biuf" or values.size > MAX_VALUES:

@@ -234,6 +234,17 @@ def scalar(value):
     return value
 
 
+def widened(array: np.ndarray) -> np.ndarray:
+    """A bfloat16, float8 or int4 array as float32 or int64; any other as it is.
+
+    ml_dtypes' types, which JAX's arrays use, are of NumPy's kind "V" (raw bytes), so a check
+    by kind ("biuf") would take them for no numbers.
+    """
+    if array.dtype.type.__module__ == "ml_dtypes":
+        return array.astype(np.int64 if "int" in array.dtype.name else np.float32)
+    return array
+
+
 def number(
     value,
     name: str,

@@ -1276,3 +1276,13 @@ def test_cancel_without_slurm_says_so(monkeypatch):
     with pytest.raises(ReaderError, match="There is no scancel here") as caught:
         slurm.cancel(5)
     one_sentence(caught.value)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.int4])
+def test_ml_dtypes_arrays_are_read_as_numbers(dtype):
+    from book.exercises import core
+
+    a = jnp.ones((4, 4), dtype)
+    assert checks.assert_product(jnp.full((4, 4), 4.0), a, a) == 0.0
+    np.testing.assert_array_equal(core.numbers(a[0], "x"), np.ones(4))
+    assert validate.widened(np.asarray(a)).dtype in (np.float32, np.int64)

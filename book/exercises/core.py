@@ -790,7 +790,7 @@ def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
     array = None
     if not isinstance(value, (str, bytes, dict, set)):
         with contextlib.suppress(Exception):  # NumPy's refusal of a ragged or odd list
-            array = np.asarray(validate.scalar(value))
+            array = validate.widened(np.asarray(validate.scalar(value)))
     if array is None or array.dtype.kind not in "biuf":
         raise Wrong(f"{what} should be numbers, such as {example}, not {validate.describe(value)}.")
     # before a copy: a broadcast view stands for 10**12 numbers in a few bytes

@@ -81,7 +81,7 @@ def _compare(label, got, want, factors=None, known=()):
     """
     shape = tuple(np.shape(want))
     try:
-        values = np.asarray(got)
+        values = validate.widened(np.asarray(got))
     except Exception:  # noqa: BLE001 - a ragged or self-holding list
         values = None
     if values is None or values.dtype.kind not in "biuf":  # strings, objects, complex numbers
