@@ -71,6 +71,16 @@ def test_a_refused_flag_leaves_no_folder_behind(train, tmp_path, monkeypatch, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
+def test_a_folder_where_the_run_writes_a_file_is_named(train_py, tmp_path):
+    (tmp_path / "out" / "step.hlo").mkdir(parents=True)
+    flags = ["--steps", "2", "--batch", "32", "--dump", tmp_path / "out"]
+    folders = ["--checkpoint-dir", tmp_path / "c", "--compile-cache", tmp_path / "cache"]
+    with pytest.raises(book.multihost.WorkerError) as failed:
+        book.multihost.launch(train_py, 1, 8, timeout=120, args=[*flags, *folders])
+    assert failed.value.exit_code == 1 and "Traceback" not in str(failed.value)
+    assert "out/step.hlo is a folder; move it" in str(failed.value)
+
+
 def test_a_mesh_that_cannot_split_the_model_evenly_is_refused(train_py, tmp_path):
     # 6 devices: FSDP would split d_model (64) six ways. One process, so no peer waits.
     flags = ["--layout", "FSDP", "--steps", "2", "--batch", "24"]
