@@ -12,6 +12,8 @@ interrupted in the middle of it.
 from __future__ import annotations
 
 import contextlib
+import decimal
+import fractions
 import os
 import random
 import re
@@ -298,6 +300,14 @@ def _check_env(env, n: int) -> list[dict[str, str | None]]:
                     value = object()
             if isinstance(value, (np.integer, np.floating)) and not isinstance(value, bool):
                 value = value.item()
+            if type(value) in (fractions.Fraction, decimal.Decimal):  # exact numbers, as text
+                try:
+                    value = str(int(value)) if value == int(value) else str(float(value))
+                except (ValueError, OverflowError):  # Decimal's nan and infinities
+                    raise ReaderError(
+                        f"The variable {key!r} is set to {validate.describe(value)}, no finite "
+                        "number; give a text or a finite number."
+                    ) from None
             if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
                 raise ReaderError(
                     f"The variable {key!r} is set to {validate.describe(value)}, a number too "

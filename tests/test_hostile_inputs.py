@@ -1286,3 +1286,15 @@ def test_ml_dtypes_arrays_are_read_as_numbers(dtype):
     assert checks.assert_product(jnp.full((4, 4), 4.0), a, a) == 0.0
     np.testing.assert_array_equal(core.numbers(a[0], "x"), np.ones(4))
     assert validate.widened(np.asarray(a)).dtype in (np.float32, np.int64)
+
+
+def test_exact_numbers_in_an_environment_are_written_as_numbers():
+    from decimal import Decimal
+
+    from book import multihost
+
+    env = {"A": Fraction(8), "B": Fraction(1, 4), "C": Decimal("2.50")}
+    assert multihost._check_env(env, 1) == [{"A": "8", "B": "0.25", "C": "2.5"}]
+    with pytest.raises(ReaderError, match="no finite number") as caught:
+        multihost._check_env({"A": Decimal("nan")}, 1)
+    one_sentence(caught.value)
