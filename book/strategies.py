@@ -45,6 +45,7 @@ _BODIES = {
 @validate.impostors_refused
 def mesh(strategy: str, mesh_shape: tuple[int, ...]):
     """A mesh for ``strategy`` on the first ``prod(mesh_shape)`` devices, axes named for it."""
+    strategy, mesh_shape = _strategy_shape(strategy, mesh_shape)
     devices = jax.devices()[: math.prod(mesh_shape)]
     names = AXES[strategy]
     return jax.make_mesh(
@@ -55,6 +56,7 @@ def mesh(strategy: str, mesh_shape: tuple[int, ...]):
 @validate.impostors_refused
 def train_step(strategy: str, mesh):
     """The jitted SGD step of ``strategy`` on ``mesh``: ``(params, x, y) -> (params, loss)``."""
+    strategy = _on_mesh(strategy, mesh)
     specs = PARAM_SPECS[strategy]
     batch = BATCH_SPECS[strategy]
     return jax.jit(
@@ -70,6 +72,8 @@ def train_step(strategy: str, mesh):
 @validate.impostors_refused
 def abstract_inputs(strategy: str, mesh, sizes: models.Sizes):
     """Shapes, dtypes and shardings of a step's inputs, so it compiles without any data."""
+    strategy = _on_mesh(strategy, mesh)
+    sizes = check(strategy, tuple(mesh.devices.shape), sizes).sizes
     shapes = models.param_shapes(sizes)
     params = {
         name: jax.ShapeDtypeStruct(
@@ -133,24 +137,13 @@ def _size(value, name: str) -> int:
     )
 
 
-@validate.impostors_refused
-def check(strategy, mesh_shape, sizes=SIZES) -> Choice:
-    """The ``Choice`` for a strategy, a mesh (``"4x2"`` or ``(4, 2)``) and four model sizes.
-
-    The sizes may be typed text (a form's boxes); anything that cannot be compiled, or that
-    does not split evenly over the mesh, is a ``SpecError`` with one sentence.
-    """
+def _strategy_shape(strategy, mesh_shape) -> tuple[str, tuple[int, ...]]:
+    """A strategy's name and a mesh shape (``"4x2"`` or ``(4, 2)``) it can run on here."""
     strategy = validate.choice(strategy, list(STRATEGIES), "a strategy", error=specs.SpecError)
     if isinstance(mesh_shape, str):
         shape = specs.parse_mesh_shape(mesh_shape)
     else:
         shape = validate.sizes(mesh_shape, "The mesh shape", error=specs.SpecError)
-    if isinstance(sizes, str) or not isinstance(sizes, (tuple, list)) or len(sizes) != 4:
-        raise specs.SpecError(
-            "sizes must be four whole numbers, book.models.Sizes(batch, features, hidden, "
-            f"classes), not {validate.describe(sizes)}."
-        )
-    sizes = models.Sizes(*(_size(v, n) for v, n in zip(sizes, models.Sizes._fields)))
     if strategy == "DP x TP" and len(shape) != 2:
         raise specs.SpecError("DP x TP needs a mesh with two axes, data and model, such as 4x2.")
     if strategy != "DP x TP" and len(shape) != 1:
@@ -162,6 +155,23 @@ def check(strategy, mesh_shape, sizes=SIZES) -> Choice:
             f"The mesh {'x'.join(map(str, shape))} needs {math.prod(shape)} devices but there "
             f"are {jax.device_count()}; choose sizes that multiply to at most {jax.device_count()}."
         )
+    return strategy, shape
+
+
+@validate.impostors_refused
+def check(strategy, mesh_shape, sizes=SIZES) -> Choice:
+    """The ``Choice`` for a strategy, a mesh (``"4x2"`` or ``(4, 2)``) and four model sizes.
+
+    The sizes may be typed text (a form's boxes); anything that cannot be compiled, or that
+    does not split evenly over the mesh, is a ``SpecError`` with one sentence.
+    """
+    strategy, shape = _strategy_shape(strategy, mesh_shape)
+    if isinstance(sizes, str) or not isinstance(sizes, (tuple, list)) or len(sizes) != 4:
+        raise specs.SpecError(
+            "sizes must be four whole numbers, book.models.Sizes(batch, features, hidden, "
+            f"classes), not {validate.describe(sizes)}."
+        )
+    sizes = models.Sizes(*(_size(v, n) for v, n in zip(sizes, models.Sizes._fields)))
     data = shape[0] if strategy in ("DP", "FSDP", "DP x TP") else 1
     model = shape[-1] if strategy in ("TP", "DP x TP") else 1
     needs = [("batch", sizes.batch, data, "data")]
@@ -177,6 +187,17 @@ def check(strategy, mesh_shape, sizes=SIZES) -> Choice:
                 f"{ways}."
             )
     return Choice(strategy, shape, sizes)
+
+
+def _on_mesh(strategy, mesh) -> str:
+    """A strategy's name, checked with a mesh that ``mesh(strategy, ...)`` made."""
+    strategy = validate.choice(strategy, list(STRATEGIES), "a strategy", error=specs.SpecError)
+    if not isinstance(mesh, jax.sharding.Mesh) or mesh.axis_names != AXES[strategy]:
+        raise specs.SpecError(
+            f"Pass the mesh that book.strategies.mesh({strategy!r}, shape) makes, with the axes "
+            f"{AXES[strategy]}, not {validate.describe(mesh)}."
+        )
+    return strategy
 
 
 @validate.impostors_refused

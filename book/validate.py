@@ -475,7 +475,8 @@ def sizes(
         raise error(f"{what} must be a tuple of whole numbers such as (8, 4), not {kind(value)}.")
     if len(value) > max_rank:
         raise error(f"{what} has {len(value)} entries; use at most {max_rank}.")
-    return tuple(whole(v, f"Each entry of {what}", low=low, error=error) for v in value)
+    entry = f"Each entry of {what[:1].lower()}{what[1:]}"
+    return tuple(whole(v, entry, low=low, error=error) for v in value)
 
 
 def slices(value, what: str, *, error: type[ReaderError] = ReaderError) -> tuple[slice, ...]:

@@ -1298,3 +1298,54 @@ def test_exact_numbers_in_an_environment_are_written_as_numbers():
     with pytest.raises(ReaderError, match="no finite number") as caught:
         multihost._check_env({"A": Decimal("nan")}, 1)
     one_sentence(caught.value)
+
+
+# Sweep 12: a checker's groups and spec read strictly; strategies' helpers checked.
+@pytest.mark.parametrize(
+    "groups, out_spec, words",
+    [
+        ([[0.5, 4.7], [1.2, 5.9], [2, 6], [3, 7]], P("model"), "whole number"),
+        (["04", "15", "26", "37"], P("model"), "list of lists"),
+        ([[True, 4], [1, 5], [2, 6], [3, 7]], P("model"), "whole number"),
+        ([[0, 4], [0, 4], [1, 5], [2, 6], [3, 7]], P("model"), "list each id once"),
+        ([[0, 4], [1, 5], [2, 6], [3, 7]], P(None, "model"), "1-D sums"),
+        ([[0, 4], [1, 5], [2, 6], [3, 7]], P("nope"), "1-D sums"),
+        ([[0, 4], [1, 5], [2, 6], [3, 7]], P("model", None, None), "1-D sums"),
+    ],
+)
+def test_sum_groups_reads_ids_and_specs_strictly(groups, out_spec, words):
+    from book import exercises
+
+    verdict = exercises.ch03_sum_groups(groups, out_spec)
+    assert verdict.judged and not verdict.ok and words in verdict.message, verdict
+    assert exercises.ch03_sum_groups(np.array([[0, 4], [1, 5], [2, 6], [3, 7]]), P("model")).ok
+
+
+def test_exact_numbers_are_read_by_the_checkers():
+    from decimal import Decimal
+
+    from book import exercises
+
+    for rows in ([Fraction(2)], [Decimal(2)]):
+        assert exercises.ch02_rows_on_device_1(rows).ok
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.mesh("dp", (8,)),
+        lambda s: s.mesh("DP", (16,)),
+        lambda s: s.mesh("DP x TP", (8,)),
+        lambda s: s.mesh("DP", (0,)),
+        lambda s: s.train_step("dp", s.mesh("DP", (8,))),
+        lambda s: s.train_step("TP", s.mesh("DP", (8,))),
+        lambda s: s.abstract_inputs("DP", "8", s.SIZES),
+        lambda s: s.abstract_inputs("DP", s.mesh("DP", (8,)), (3, 4, 5, 6)),
+    ],
+)
+def test_strategies_helpers_refuse_in_one_sentence(call):
+    from book import strategies
+
+    with pytest.raises(ReaderError) as caught:
+        call(strategies)
+    one_sentence(caught.value)

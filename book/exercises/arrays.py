@@ -385,12 +385,20 @@ def ch03_sum_groups(groups, out_spec):
     out = column_sums(a)
     (reduce,) = book.hlo.collectives(column_sums.lower(a).compile())
     real = {frozenset(g) for g in _device_groups(reduce, mesh)}
-    try:
-        yours = {frozenset(int(d) for d in g) for g in groups}
-    except Exception:
-        raise Wrong(
-            "groups should be a list of lists of device ids, e.g. [[0, 1], [2, 3]]."
-        ) from None
+    groups = groups.tolist() if isinstance(groups, np.ndarray) else validate.plain(groups)
+    need(
+        isinstance(groups, (list, tuple))
+        and all(isinstance(validate.plain(g), (list, tuple)) for g in groups),
+        "groups should be a list of lists of device ids, e.g. [[0, 1], [2, 3]], not "
+        f"{validate.describe(groups)}.",
+    )
+    listed = [
+        [whole(d, "Each device id", low=0, high=mesh.size - 1, example=0) for d in g]
+        for g in groups
+    ]
+    every = [d for g in listed for d in g]
+    need(len(every) == len(set(every)), "A device belongs to one group: list each id once.")
+    yours = {frozenset(g) for g in listed}
     mesh_rows = {frozenset(d.id for d in row) for row in mesh.devices}
     need(
         yours != mesh_rows,
@@ -401,6 +409,12 @@ def ch03_sum_groups(groups, out_spec):
         yours == real,
         f"The all-reduce adds within {sorted(sorted(g) for g in real)}: one group per column of "
         "the mesh, the devices that hold the same columns of a.",
+    )
+    named = {a for part in out_spec for a in (part if type(part) is tuple else (part,))}
+    need(
+        len(out_spec) <= out.ndim and named - {None} <= set(mesh.axis_names),
+        f"out_spec should describe the 1-D sums on the mesh's axes 'data' and 'model', such "
+        f"as P(None), not {spec_text(out_spec)}.",
     )
     need(
         NamedSharding(mesh, out_spec).is_equivalent_to(out.sharding, 1),

@@ -16,6 +16,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
+import decimal
+import fractions
 import functools
 import gc
 import inspect
@@ -781,6 +783,11 @@ def whole(value, what: str, *, low: int = 1, high: int = validate.MAX_SIZE, exam
     return validate.whole(value, what, low=low, high=high, example=example, error=Wrong)
 
 
+def _exact(x) -> bool:
+    """A Fraction or a Decimal: a number NumPy keeps as an object."""
+    return type(x) in (fractions.Fraction, decimal.Decimal)
+
+
 def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
     """An array of real numbers (a list, tuple or array of them), as float64.
 
@@ -791,8 +798,12 @@ def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
     if not isinstance(value, (str, bytes, dict, set)):
         with contextlib.suppress(Exception):  # NumPy's refusal of a ragged or odd list
             array = validate.widened(np.asarray(validate.scalar(value)))
+            if array.dtype.kind == "O" and all(map(_exact, array.flat)):  # Fractions
+                array = array.astype(np.float64)
     if array is None or array.dtype.kind not in "biuf":
-        raise Wrong(f"{what} should be numbers, such as {example}, not {validate.describe(value)}.")
+        given = "complex numbers" if array is not None and array.dtype.kind == "c" else None
+        given = given or validate.describe(value)
+        raise Wrong(f"{what} should be real numbers, such as {example}, not {given}.")
     # before a copy: a broadcast view stands for 10**12 numbers in a few bytes
     need(array.size <= 10**7, f"{what} holds {array.size:,} numbers; give {example}.")
     with np.errstate(over="ignore"):
