@@ -57,14 +57,26 @@ class SlurmJob:
         self.ended: dict[int, float] = {}
         self._pids: dict[int, int] = {}
         self._asked = 0.0  # when scontrol was last asked
+        self.closed = self.cancelled = False  # by the end of a with block
         self.facts: dict[str, str] = {}
 
     def __enter__(self) -> SlurmJob:
         return self
 
     def __exit__(self, *exc) -> None:
-        if not self.facts:
+        self.closed, self.cancelled = True, not self.facts
+        if self.cancelled:
             slurm.cancel(self.id)
+
+    def _still_running(self, call: str) -> None:
+        ended = self.cancelled if call.startswith("wait") and call != "wait_for" else self.closed
+        if ended:
+            what = "signal" if call == "signal" else "wait for"
+            raise ReaderError(
+                f"Job {self.id} has ended with its with block (cancelled if it still ran), so "
+                f"there is nothing left to {what}; call {call} inside the with block, and read "
+                "outputs() after it."
+            )
 
     def _read(self, path: Path) -> str:
         """A file this job wrote, or "" while it has not (an earlier job's, a second or
@@ -102,6 +114,7 @@ class SlurmJob:
 
         Returns what was done, as a command line or in words.
         """
+        self._still_running("signal")
         sig = validate.signal_of(sig)
         if process is None:
             command = ["scancel", f"--signal={sig.name.removeprefix('SIG')}", str(self.id)]
@@ -113,6 +126,7 @@ class SlurmJob:
 
     def wait_for(self, pattern: str, process: int = 0) -> re.Match:
         """Wait until task ``process`` prints a line matching ``pattern``; return the match."""
+        self._still_running("wait_for")
         regex = validate.pattern(pattern)
         process = self._index(process)
         with linesearch.Search(regex, f"task {process}'s output") as search:
@@ -136,6 +150,7 @@ class SlurmJob:
 
     def wait(self) -> Outputs:
         """Wait for the job's end; return what each task printed, or raise if it failed."""
+        self._still_running("wait")
         codes = self.wait_for_exits()
         if self.facts.get("JobState") != "COMPLETED" or any(codes):
             # The task that failed by itself, not one Slurm then ended (a negative status).
@@ -159,6 +174,7 @@ class SlurmJob:
         A task srun reports killed by a signal gets minus that signal, one that exited with an
         error its exit code, and the others 0.
         """
+        self._still_running("wait_for_exits")
         while not self._over():
             self._check_time()
             time.sleep(_POLL_SECONDS)

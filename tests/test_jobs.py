@@ -83,3 +83,19 @@ def test_a_failed_task_is_reported_with_its_own_errors(folder):
     with job, pytest.raises(WorkerError) as caught:
         job.wait()
     assert caught.value.process == 1 and "task 1 cannot go on" in str(caught.value)
+
+
+def test_a_job_cancelled_by_its_with_block_is_not_signalled_or_waited_for(folder):
+    job, _ = book.jobs.submit("job.sbatch", "task.py", [sys.executable], timeout=90)
+    with job:
+        job.wait_for(r"^task 1 started$", process=1)
+        job.signal(signal.SIGCONT, process=1)  # its pid now known
+    for call in (
+        lambda: job.signal(signal.SIGTERM, process=1),
+        lambda: job.signal(signal.SIGTERM),
+        job.wait,
+        job.wait_for_exits,
+        lambda: job.wait_for("x"),
+    ):
+        with pytest.raises(book.jobs.ReaderError, match="ended with its with block"):
+            call()
