@@ -33,9 +33,10 @@ REMAT = ("full", "minimal", "none")
 # Pipeline schedules: the same steps and bubble, different microbatches in flight.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 GRADIENT_REDUCE = ("reduce-scatter", "all-reduce")
-KINDS = ("dp", "fsdp", "tp", "pp")
+KINDS = ("dp", "fsdp", "cp", "tp", "pp")
 # Axes from the innermost (neighbouring devices) outwards: the order a fast domain fills.
-INNER_TO_OUTER = ("tp", "fsdp", "pp", "dp")
+# Context parallelism's all-to-alls run every layer, as TP's all-reduces do: next to TP.
+INNER_TO_OUTER = ("tp", "cp", "fsdp", "pp", "dp")
 
 
 @dataclass(frozen=True)
@@ -533,6 +534,7 @@ def plan(
     fsdp: int = 1,
     tp: int = 1,
     pp: int = 1,
+    cp: int = 1,
     global_batch: int,
     seq: int,
     microbatches: int = 1,
@@ -589,6 +591,19 @@ def plan(
       backward), a fifth time under full remat (the recomputed attention's output, which the
       recomputed MLP reads; with sequence parallelism the recomputation also gathers the
       layer's input), and twice more for the embedding and the unembedding;
+    - ``cp`` (Ulysses context parallelism, DeepSpeed-Ulysses) splits every microbatch's
+      sequence over ``cp`` devices, which hold the weights whole (as DP does); around each
+      layer's attention an all-to-all takes Q, K and V from the sequence split to a split of
+      the K/V head groups (``kv_heads / tp`` of them, which ``cp`` must divide), attention
+      runs on whole sequences, and a second all-to-all brings the output back to the
+      sequence split before the output projection: ``book.cost.ulysses_bytes`` of the
+      microbatch's tokens in the data-parallel group, with ``heads / tp`` and ``kv_heads /
+      tp`` heads, per layer and microbatch, three times under full and minimal remat
+      (forward, recomputation, transpose) and twice without; every gradient a device holds is
+      all-reduced over ``cp`` once a step, a collective of its own before DP's all-reduce
+      over ``dp`` (as XLA compiles it: two all-reduces, not one over ``dp x cp``). Each
+      device keeps the activations of ``1 / cp`` of the tokens, and TP's and PP's arrays of
+      the stream are ``1 / cp`` as large;
     - PP runs chapter 14's schedule: ``microbatches + pp - 1`` steps, at each of which every
       stage sends a microbatch's activations forward and, in the backward pass, their
       gradients back; each stage holds ``layers / pp`` layers and, as in chapter 14, the
@@ -607,7 +622,9 @@ def plan(
       idle steps, and keeps those steps' activations; tests/compiled_plans.py accounts for both.
     """
     _check_model(model)
-    layout = {k: _whole(v, k) for k, v in zip(KINDS, (dp, fsdp, tp, pp))}
+    layout = {
+        k: _whole(v, k) for k, v in (("dp", dp), ("fsdp", fsdp), ("cp", cp), ("tp", tp), ("pp", pp))
+    }
     global_batch = _whole(global_batch, "global_batch")
     # Up to 2**20 tokens a sequence: eight times the longest context window of the presets.
     seq = validate.whole(
@@ -662,6 +679,7 @@ def plan(
             "splits Q, K and V (chapter 13); choose a tp of at most "
             f"{model.kv_heads}."
         )
+    _check_cp(model, layout, seq, sequence_parallel, zero)
     if model.layers % (layout["pp"] * v):
         raise SizingError(
             f"{model.layers} layers do not split into {layout['pp']} pipeline stages of {v} "
@@ -691,11 +709,13 @@ def plan(
     ends = {n: _held(*a, layout) for n, a in arrays.items() if not n.startswith("layer.")}
     held = local_layers * per_layer + sum(ends.values())  # PP: the ends on every stage
 
-    # Per device and step: its sequences, and one microbatch of them.
+    # Per data-parallel group and step: its sequences, and one microbatch of them; a device
+    # holds 1 / cp of the microbatch's positions (Ulysses splits the sequence over cp).
     tokens = global_batch // (layout["dp"] * layout["fsdp"]) * seq
     micro_tokens = tokens // microbatches
+    device_tokens = micro_tokens // layout["cp"]
     act = b["compute_dtype"]
-    stream = micro_tokens * model.d_model * act
+    stream = device_tokens * model.d_model * act
     memory = {
         "params": held * b["param_dtype"],
         "grads": (math.ceil(held / layout["dp"]) if zero >= 2 else held) * b["grad_dtype"],
@@ -704,7 +724,7 @@ def plan(
         * b["moment_dtype"]
         + (4 if optimizer == "adamw" else 0),
         "activations": _activations(
-            model, layout, local_layers, micro_tokens, seq, act, remat, sequence_parallel, fused
+            model, layout, local_layers, device_tokens, seq, act, remat, sequence_parallel, fused
         ),
     }
     p = layout["pp"]
@@ -746,6 +766,24 @@ def plan(
         gathered, reduced = elements * b["param_dtype"], elements * b["grad_dtype"]
         add("fsdp", "all-gather", what, gathered, 2 * count * microbatches, inside)
         add("fsdp", gradient_reduce, f"{what}: gradients", reduced, count * microbatches, inside)
+    # CP (Ulysses): per layer and microbatch, an all-to-all of Q, K and V (sequence split to
+    # head split) and one of the attention's output (back), in the forward pass, again in
+    # the recomputation (full and minimal remat: the context wo reads is recomputed), and
+    # transposed in the backward pass. The weights are replicated over cp: every gradient a
+    # device holds is all-reduced over cp once a step, before (and apart from) DP's.
+    cp = layout["cp"]
+    if cp > 1:
+        kv = model.kv_heads // layout["tp"]
+        heads = kv * (model.heads // model.kv_heads)
+        q = micro_tokens * heads * model.head_dim * act  # Q, and the output, of the group
+        k_v = 2 * micro_tokens * kv * model.head_dim * act
+        passes = 2 if remat == "none" else 3
+        count = passes * microbatches * local_layers
+        add("cp", "all-to-all", "Q, K and V", cost.all_to_all_bytes(q + k_v, cp), count)
+        add("cp", "all-to-all", "the attention's output", cost.all_to_all_bytes(q, cp), count)
+        add("cp", "all-reduce", "a layer's gradients", per_layer * b["grad_dtype"], local_layers)
+        ends_grads = (held - local_layers * per_layer) * b["grad_dtype"]
+        add("cp", "all-reduce", "the ends' gradients", ends_grads, 1, False)
     # DP: every gradient a device holds, all-reduced once a step, layer by layer; under
     # ZeRO reduce-scattered (ZeRO-2: each microbatch's), and the parameters each device
     # updated gathered.
@@ -782,14 +820,46 @@ def plan(
     rescore = attention / 6 if fused else 0  # a fused backward's second product of Q and K
     bubble = (microbatches + (layout["pp"] - 1) / v) / microbatches
     hardware = (model_flops + recompute.get(remat, 0) + rescore) * bubble
-    flops = {"model": model_flops, "hardware": hardware}
+    flops = {"model": model_flops, "hardware": hardware}  # cp splits both evenly
     return Plan(
         model, layout, global_batch, seq, conventions, memory, comm, tuple(collectives), flops
     )
 
 
+def _check_cp(model, layout, seq, sequence_parallel, zero):
+    """Refuse, in one sentence, a cp the calculator cannot plan."""
+    cp, tp = layout["cp"], layout["tp"]
+    if cp == 1:
+        return
+    if model.kv_heads % tp or (model.kv_heads // tp) % cp:
+        raise SizingError(
+            f"cp={cp} does not divide the {model.kv_heads} K/V heads over tp={tp}: Ulysses gives "
+            "each device whole K/V heads (and the query heads that share them); choose a cp "
+            "that divides kv_heads / tp."
+        )
+    if seq % cp:
+        raise SizingError(
+            f"A sequence of {seq} tokens does not split evenly over cp={cp}; choose a multiple "
+            f"of {cp}."
+        )
+    for what, on in (
+        ("pp", layout["pp"] > 1),
+        ("sequence_parallel", sequence_parallel),
+        ("zero", zero),
+    ):
+        if on:
+            raise SizingError(
+                f"cp={cp} with {what} is not planned (not checked against a compiled program); "
+                "leave one of them out."
+            )
+
+
 def _activations(m, layout, layers, tokens, seq, act, remat, sp, fused) -> int:
     """Bytes one device keeps from the forward pass for the backward pass.
+
+    ``tokens`` are one device's: with cp, ``1 / cp`` of a microbatch's positions. Inside
+    Ulysses attention a device holds whole sequences of ``1 / cp`` of the heads instead, the
+    same number of elements, so every per-token count below holds as it is.
 
     Per layer under full remat, the layer's input (the residual stream, whole on every TP
     device, or split by sequence parallelism). Under minimal remat, per token, the layer's

@@ -132,10 +132,11 @@ def _body(c: Choice, p: sizing.Plan, hw: sizing.Hardware) -> str:
         [[f"{p.memory[k] / _GIB:.1f}" for k in (*p.memory,)] + [f"{hw.hbm_bytes / _GIB:.1f}"]],
         title="GiB per device (book.sizing.plan)",
     )
-    comm = [f"{s.comm[k]:.2f} ({s.links[k]})" if p.layout[k] > 1 else "" for k in sizing.KINDS]
+    kinds = [k for k in sizing.KINDS if k != "cp"]  # the form lays out no context axis
+    comm = [f"{s.comm[k]:.2f} ({s.links[k]})" if p.layout[k] > 1 else "" for k in kinds]
     tokens = c.global_batch * c.seq / (c.chips * s.bound)
     times = display.table(
-        ["compute", *sizing.KINDS, "bound", "MFU at most", "tokens/s per chip"],
+        ["compute", *kinds, "bound", "MFU at most", "tokens/s per chip"],
         [[f"{s.compute:.2f}", *comm, f"{s.bound:.2f}", f"{s.mfu:.0%}", f"{tokens:,.0f}"]],
         title="Seconds per step at peak FLOP/s and link bandwidth (published figures)",
     )
