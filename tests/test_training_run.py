@@ -93,15 +93,21 @@ def test_a_mesh_that_cannot_split_the_model_evenly_is_refused(train_py, tmp_path
 
 
 @pytest.mark.parametrize("left", [[], ["state"]])  # an empty step folder, or one item of two
-def test_an_incomplete_checkpoint_is_named_not_a_traceback(train, tmp_path, capsys, left):
+def test_a_checkpoint_that_cannot_be_restored_is_named_not_a_traceback(train_py, tmp_path, left):
     for item in ["", *left]:
         (tmp_path / "c" / "7" / item).mkdir(parents=True, exist_ok=True)
-    with pytest.raises(SystemExit) as stop:
-        train.main(
-            train.parser.parse_args(["--steps", "8", "--checkpoint-dir", str(tmp_path / "c")])
-        )
-    assert str(stop.value.code) == "train.py: error: checkpoint 7 is incomplete; delete it"
-    assert "Traceback" not in capsys.readouterr().err
+    args = ["--steps", "8", "--checkpoint-dir", tmp_path / "c", "--compile-cache", tmp_path / "x"]
+    with pytest.raises(book.multihost.WorkerError) as failed:
+        book.multihost.launch(train_py, 1, 8, timeout=120, args=args)
+    said = str(failed.value).splitlines()[-1].strip()
+    assert failed.value.exit_code == 1 and said.startswith("train.py: error: checkpoint 7: ")
+    assert "Traceback" not in str(failed.value) and "delete" not in said
+
+
+def test_a_bucket_url_is_refused_as_no_folder(train, capsys):
+    with pytest.raises(SystemExit):
+        train.parser.parse_args(["--steps", "2", "--checkpoint-dir", "gs://bucket/run"])
+    assert "no folder can be made at 'gs://bucket/run'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
