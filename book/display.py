@@ -971,6 +971,13 @@ TIMELINE_COLOURS = {
 }
 
 
+def _finite(value) -> bool:
+    """A real number, not a flag, nan or an infinity."""
+    value = validate.plain(value)
+    number = isinstance(value, (int, float, np.integer, np.floating))
+    return number and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+
+
 @validate.impostors_refused
 def timeline(ops, kinds, *, title: str | None = None):
     """A per-device timeline of one run of a program: a row per device, a bar per instruction.
@@ -993,6 +1000,20 @@ def timeline(ops, kinds, *, title: str | None = None):
             f"ops must be book.trace.Op rows, as Trace.runs gives them, not "
             f"{validate.describe(odd)}."
         )
+    for op in ops:  # rows made by hand: a device number, a text name, finite microseconds
+        device, name = validate.plain(op.device), validate.plain(op.name)
+        if not (
+            isinstance(device, (int, np.integer))
+            and not isinstance(device, (bool, np.bool_))
+            and device >= 0
+            and isinstance(name, str)
+            and _finite(op.start)
+            and _finite(op.duration)
+        ):
+            raise DisplayError(
+                "Each Op needs a device number, a name and a start and duration in "
+                f"microseconds, not {validate.describe(repr(op), 120)}."
+            )
     given, kinds = kinds, validate.plain(kinds)
     if isinstance(kinds, dict):  # names and kinds as the texts they hold
         kinds = {validate.plain(k): validate.plain(v) for k, v in kinds.items()}

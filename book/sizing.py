@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from book import cost, validate
 from book.errors import ReaderError
 
@@ -522,7 +524,21 @@ def _whole(value, name):
     return validate.whole(value, name, high=validate.MAX_SIZE, error=SizingError)
 
 
+def _dtype_name(value):
+    """A dtype as its name: a type (np.float16, jnp.bfloat16) or a NumPy dtype too, and any
+    float8 variant (``float8_e4m3fn``) as ``float8``, which is all its size needs."""
+    if isinstance(value, (type, np.dtype)):
+        try:
+            value = np.dtype(value).name
+        except TypeError:  # a type that is no dtype: refused by name below
+            pass
+    if isinstance(value, str) and value.startswith("float8_"):
+        value = "float8"
+    return value
+
+
 def _dtype(value, name):
+    value = _dtype_name(value)
     return validate.choice(value, list(DTYPE_BYTES), f"a {name}", error=SizingError)
 
 
@@ -909,6 +925,7 @@ def kv_cache_bytes(model: Transformer, tokens: int, dtype: str = "bfloat16") -> 
     """
     _check_model(model)
     tokens = _whole(tokens, "tokens")
+    dtype = _dtype_name(dtype)
     dtype = validate.choice(dtype, list(SERVE_DTYPE_BYTES), "a cache dtype", error=SizingError)
     per_token = 2 * model.layers * model.kv_heads * model.head_dim
     return per_token * tokens * SERVE_DTYPE_BYTES[dtype]
@@ -1045,7 +1062,10 @@ def serve(
     )
     dtypes = {
         name: validate.choice(
-            value, list(SERVE_DTYPE_BYTES), f"a {name.replace('_', ' ')}", error=SizingError
+            _dtype_name(value),
+            list(SERVE_DTYPE_BYTES),
+            f"a {name.replace('_', ' ')}",
+            error=SizingError,
         )
         for name, value in (
             ("param_dtype", param_dtype),

@@ -1349,3 +1349,43 @@ def test_strategies_helpers_refuse_in_one_sentence(call):
     with pytest.raises(ReaderError) as caught:
         call(strategies)
     one_sentence(caught.value)
+
+
+def test_lessons_refuse_what_they_would_compute_wrongly():
+    from book.lessons import pipeline, transformer
+
+    for heads, kv in ((12, 8), (4, 8)):
+        with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+            transformer.Config(n_heads=heads, n_kv_heads=kv)
+    with pytest.raises(ValueError, match=r"lists 'X': give \('F', j\)"):
+        pipeline.simulate([[("X", 0)]])
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        ("x", "a", "p", 0.0, 5.0),
+        (0, "a", "p", "0", 5.0),
+        (0, ["a"], "p", 0.0, 1.0),
+        (0, "a", "p", float("nan"), 1.0),
+        (None, "a", "p", 0.0, 1.0),
+    ],
+)
+def test_a_timeline_of_hand_made_rows_names_the_odd_one(op):
+    from book import trace
+
+    with pytest.raises(ReaderError, match="Each Op needs a device number") as caught:
+        display.timeline([trace.Op(0, "b", "p", 0.0, 1.0), trace.Op(*op)], {})
+    one_sentence(caught.value)
+
+
+def test_dtypes_are_read_by_name_or_type():
+    from book import sizing
+
+    m = sizing.PRESETS["Llama 3 8B"]
+    by_name = [sizing.kv_cache_bytes(m, 4096, d) for d in ("float16", "bfloat16", "float8")]
+    by_type = [sizing.kv_cache_bytes(m, 4096, d) for d in (np.float16, jnp.bfloat16)]
+    assert by_type == by_name[:2]
+    assert sizing.kv_cache_bytes(m, 4096, "float8_e4m3fn") == by_name[2]
+    with pytest.raises(ReaderError, match="is not a cache dtype"):
+        sizing.kv_cache_bytes(m, 4096, np.int32)

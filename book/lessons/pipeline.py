@@ -312,6 +312,8 @@ def simulate(orders):
                 step.append(None)
                 continue
             op, j = orders[s][position[s]]
+            if op not in ("F", "B"):
+                raise ValueError(f"Stage {s} lists {op!r}: give ('F', j) or ('B', j).")
             if op == "F":
                 needs = ("F", s - 1, j) if s > 0 else None
             else:

@@ -28,6 +28,10 @@ class Config:
     d_mlp: int = 128
     n_layers: int = 2
 
+    def __post_init__(self):  # a query head left over would be dropped without a word
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads}: give a multiple of n_kv_heads")
+
 
 # The logical name of each dimension of each parameter; None: never split.
 PARAM_AXES = {
