@@ -4,8 +4,10 @@ Python's ``re`` cannot be interrupted. ``validate.pattern`` refuses the patterns
 exponential time, but one with several wildcards, such as ``.*loss.*=.*nan``, still takes time
 that grows as a power of a line's length where the line almost matches, so a worker printing a
 long such line could hold ``wait_for`` for hours past its job's timeout. The search therefore
-runs in a child Python process, which is killed when the deadline passes; only the text that
-arrived since the last search is sent to it.
+runs in a child Python process, which is killed when the deadline passes. Each line is searched
+on its own, as ``wait_for`` promises a line, and only the lines that arrived since the last
+search are sent; where the output is the last part of a longer log, which moves as the log
+grows, the search finds its place again by the text it ended at.
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ import time
 from book import validate
 from book.errors import ReaderError
 
-# The child: one pattern, then one JSON-encoded text per line, answered with the offset of
-# the first match in it, or -1.
+# The child: one pattern, then one JSON-encoded list of lines per line of input, answered with
+# the index of the first line the pattern matches, or -1.
 _CHILD = (
     "import json, re, sys\n"
     "regex = re.compile(json.loads(sys.stdin.readline()), re.M)\n"
-    "for line in sys.stdin:\n"
-    "    found = regex.search(json.loads(line))\n"
-    "    print(found.start() if found else -1, flush=True)\n"
+    "for given in sys.stdin:\n"
+    "    lines = json.loads(given)\n"
+    "    print(next((i for i, x in enumerate(lines) if regex.search(x)), -1), flush=True)\n"
 )
+_MARK = 200  # characters before the searched end that find it again in a moved window
 
 
 class SearchTooSlow(ReaderError):
@@ -40,9 +43,22 @@ class Search:
     as the output grows. ``close()`` ends the child; use it as a context manager."""
 
     def __init__(self, regex: re.Pattern, what: str):
+        if regex.search("") is not None:
+            raise ReaderError(
+                f"The pattern {validate.describe(regex.pattern, 60)} matches an empty line, so "
+                "it would match before anything is printed; give text it must find, such as "
+                "r'^step 10 '."
+            )
+        if "\n" in regex.pattern or "\\n" in regex.pattern:
+            raise ReaderError(
+                "The pattern holds a newline, but each line is searched on its own; give a "
+                "pattern for one line."
+            )
         self.regex, self.what = regex, what
         self.done = 0  # characters searched without a match, up to the end of a line
-        self.seen = -1  # the output's length at the last search
+        self.mark = ""  # the text just before done, to find it again if the window moved
+        self.head = ""  # the output's first characters, which change when the window moves
+        self.seen = None  # the output at the last search
         self.child: subprocess.Popen | None = None
 
     def __enter__(self) -> Search:
@@ -60,18 +76,24 @@ class Search:
             self.child = None
 
     def __call__(self, output: str, deadline: float) -> re.Match | None:
-        if len(output) == self.seen:
+        # A job's output may be the last part of a longer log, which moves as it grows.
+        if output == self.seen:  # (a quick comparison, even of a long log's last part)
             return None
-        self.seen = len(output)
-        text = output[self.done :]
-        start = self._ask(text, deadline)
-        if start < 0:
-            self.done += text.rfind("\n") + 1  # a line not yet ended is searched again
+        self.seen = output
+        if not output.startswith(self.head):  # the window moved: find the place again, at
+            found = output.find(self.mark)  # the first text like it (more searched, never less)
+            self.done = found + len(self.mark) if self.mark and found >= 0 else 0
+        self.head = output[:_MARK]
+        lines = output[self.done :].split("\n")  # the last one not yet ended, or ""
+        index = self._ask(lines, deadline)
+        if index < 0:
+            self.done = len(output) - len(lines[-1])  # a line not yet ended is searched again
+            self.mark = output[max(self.done - _MARK, 0) : self.done]
             return None
-        # The child tried every earlier offset; trying this one alone takes no longer.
-        return self.regex.match(text, start)
+        # The child tried every earlier line; searching this one takes no longer.
+        return self.regex.search(lines[index])
 
-    def _ask(self, text: str, deadline: float) -> int:
+    def _ask(self, lines: list[str], deadline: float) -> int:
         if self.child is None:
             self.child = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _CHILD],
@@ -83,7 +105,7 @@ class Search:
                 errors="surrogatepass",
             )
             self.child.stdin.write(json.dumps(self.regex.pattern) + "\n")
-        self.child.stdin.write(json.dumps(text) + "\n")
+        self.child.stdin.write(json.dumps(lines) + "\n")
         self.child.stdin.flush()
         ready, _, _ = select.select(
             [self.child.stdout], [], [], max(deadline - time.monotonic(), 0)

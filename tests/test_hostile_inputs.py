@@ -1389,3 +1389,32 @@ def test_dtypes_are_read_by_name_or_type():
     assert sizing.kv_cache_bytes(m, 4096, "float8_e4m3fn") == by_name[2]
     with pytest.raises(ReaderError, match="is not a cache dtype"):
         sizing.kv_cache_bytes(m, 4096, np.int32)
+
+
+# Sweep 13: a search that follows a moving window, and patterns that cannot wait.
+def test_a_line_past_the_kept_window_of_output_is_found(tmp_path):
+    from book import multihost
+
+    script = tmp_path / "steps.py"
+    script.write_text(
+        "import time\nfor i in range(3000):\n"
+        "    print(f'step {i} loss 1.0 ' + '.' * 300, flush=True)\n"
+        "    if i % 100 == 0: time.sleep(0.02)\ntime.sleep(30)\n"
+    )
+    with multihost.start(script, num_processes=1, timeout=60) as job:
+        assert job.wait_for(r"^step 2999 ").group() == "step 2999 "
+        assert len(job.output(0)) < 3000 * 300  # the output kept is the log's last part
+
+
+@pytest.mark.parametrize(
+    "pattern, words", [("^", "empty line"), ("x*", "empty line"), ("alpha\nbeta", "newline")]
+)
+def test_patterns_that_cannot_wait_for_a_line_are_refused(tmp_path, pattern, words):
+    from book import multihost
+
+    script = tmp_path / "waits.py"
+    script.write_text("import time\nprint('alpha', flush=True)\ntime.sleep(30)\n")
+    with multihost.start(script, num_processes=1, timeout=60) as job:
+        with pytest.raises(ReaderError, match=words) as caught:
+            job.wait_for(pattern)
+        one_sentence(caught.value)
