@@ -29,8 +29,11 @@ except ImportError:  # jax older than 0.12
 from book import validate
 from book.errors import ReaderError
 
+# A dimension, and the mesh axes that split it where the argument has an explicit sharding:
+# f32[8@x,4], f32[8@(a,b),8].
+_DIM = r"\d{1,12}(?:@(?:[^,()\[\]@ ]{1,60}|\([^()\[\]@ ]{1,200}\)))?"
 _TYPE = re.compile(
-    r"(bool|bf16|[fiuc]\d{1,3}(?:_[a-z0-9]{1,12})?)\[((?:\d{1,12}(?:,\d{1,12})*)?)\]", re.ASCII
+    rf"(bool|bf16|[fiuc]\d{{1,3}}(?:_[a-z0-9]{{1,12}})?)\[((?:{_DIM}(?:,{_DIM})*)?)\]", re.ASCII
 )
 _WHERE = re.compile(r" from \S+:\d+(?::\d+)? \((.+)\)$")
 _KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
@@ -38,7 +41,11 @@ _KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
 
 @dataclass(frozen=True)
 class Residual:
-    """One array autodiff saves: its type as printed, shape, dtype, and what made it."""
+    """One array autodiff saves: its type as printed, shape, dtype, and what made it.
+
+    Where the type names mesh axes (``f32[16@x]``, an explicitly sharded array split over
+    ``x``), ``shape`` and ``nbytes`` are the whole array's, not one device's block.
+    """
 
     type_text: str
     shape: tuple[int, ...]
@@ -77,7 +84,7 @@ def parse(text: str) -> list[Residual]:
                 "the text print_saved_residuals printed."
             )
         type_text, _, source = line.partition(" ")
-        dims = tuple(int(d) for d in m.group(2).split(",") if d)
+        dims = tuple(int(d) for d in re.findall(r"(?:^|,)(\d+)", m.group(2)))
         source = _WHERE.sub(r" in \1", source)
         found.append(Residual(type_text, dims, _dtype(m.group(1)), source))
     return found

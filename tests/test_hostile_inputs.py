@@ -1418,3 +1418,14 @@ def test_patterns_that_cannot_wait_for_a_line_are_refused(tmp_path, pattern, wor
         with pytest.raises(ReaderError, match=words) as caught:
             job.wait_for(pattern)
         one_sentence(caught.value)
+
+
+def test_residuals_of_explicitly_sharded_arrays_are_read():
+    from book import residuals
+
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+    x = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("x")))
+    (kept,) = residuals.saved(lambda a: jnp.sin(a).sum(), x)
+    assert kept.type_text == "f32[16@x]" and residuals.total_bytes([kept]) == 64
+    (two,) = residuals.parse("f32[8@(a,b),4@c] output of cos from f.py:1:1 (f)")
+    assert two.shape == (8, 4) and two.nbytes == 128
