@@ -632,6 +632,40 @@ class Instruction:
         return tuple(op for op in self.fused if op not in _DULL_FUSED) or self.fused[:1]
 
 
+# JAX's names of collectives, and what a compiled program calls each.
+_JAX_NAMES = {
+    "psum": "all-reduce",
+    "pmean": "all-reduce",
+    "pmax": "all-reduce",
+    "pmin": "all-reduce",
+    "all_gather": "all-gather",
+    "psum_scatter": "reduce-scatter",
+    "reduce_scatter": "reduce-scatter",
+    "ppermute": "collective-permute",
+    "all_to_all": "all-to-all",
+    "ragged_all_to_all": "ragged-all-to-all",
+}
+
+
+@validate.impostors_refused
+def op_name(op) -> str:
+    """An operation as HLO names it, lower case with hyphens, such as ``all-gather``.
+
+    A name written otherwise matches no instruction, so it is refused, with HLO's name where
+    it is JAX's or differs only in case, underscores or spaces.
+    """
+    op = validate.text(op, "the op", example="'all-gather'", error=HloError)
+    if op not in _JAX_NAMES and re.fullmatch(r"[a-z][a-z0-9-]*", op):
+        return op
+    guess = _JAX_NAMES.get(op) or op.strip().lower().replace("_", "-")
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", guess):
+        guess = "all-gather"
+    raise HloError(
+        f"HLO names operations in lower case with hyphens: {validate.describe(op, 40)} matches "
+        f"no instruction; give '{guess}'."
+    )
+
+
 @validate.impostors_refused
 def instructions(compiled, op: str | None = None) -> list[Instruction]:
     """The instructions of a compiled program's entry computation, in order.
@@ -640,8 +674,8 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
     containing one, since compilers fuse small operations into their neighbours and the fusion
     is what the entry computation lists.
     """
-    if op is not None:  # a number or a list would match nothing, silently
-        op = validate.text(op, "the op", example="'all-gather'", error=HloError)
+    if op is not None:  # a number, a list or a misspelling would match nothing, silently
+        op = op_name(op)
     module = _parse(_text(compiled))
     insts = module.computations[module.entry]
     names = {i.name for i in insts}

@@ -1429,3 +1429,16 @@ def test_residuals_of_explicitly_sharded_arrays_are_read():
     assert kept.type_text == "f32[16@x]" and residuals.total_bytes([kept]) == 64
     (two,) = residuals.parse("f32[8@(a,b),4@c] output of cos from f.py:1:1 (f)")
     assert two.shape == (8, 4) and two.nbytes == 128
+
+
+@pytest.mark.parametrize(
+    "op, guess",
+    [("all_reduce", "all-reduce"), ("psum", "all-reduce"), ("AllReduce", "allreduce"),
+     ("ALL-REDUCE", "all-reduce"), ("all-reduce ", "all-reduce")],
+)  # fmt: skip
+def test_an_op_named_otherwise_than_hlo_names_it_is_refused(op, guess):
+    step = jax.jit(lambda a: jnp.sum(a)).lower(jnp.ones(8)).compile()
+    for call in (lambda: hlo.instructions(step, op), lambda: display.listing(step, ops=[op])):
+        with pytest.raises(ReaderError, match=f"give '{guess}'") as caught:
+            call()
+        one_sentence(caught.value)
