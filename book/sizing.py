@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import ml_dtypes
 import numpy as np
 
 from book import cost, validate
@@ -532,7 +533,7 @@ def _dtype_name(value):
             value = np.dtype(value).name
         except TypeError:  # a type that is no dtype: refused by name below
             pass
-    if isinstance(value, str) and value.startswith("float8_"):
+    if isinstance(value, str) and value.startswith("float8_") and hasattr(ml_dtypes, value):
         value = "float8"
     return value
 
