@@ -95,7 +95,7 @@ def test_a_mesh_that_cannot_split_the_model_evenly_is_refused(train_py, tmp_path
 @pytest.mark.parametrize("left", [[], ["state"]])  # an empty step folder, or one item of two
 def test_a_checkpoint_that_cannot_be_restored_is_named_not_a_traceback(train_py, tmp_path, left):
     for item in ["", *left]:
-        (tmp_path / "c" / "7" / item).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "c" / "step_7" / item).mkdir(parents=True, exist_ok=True)
     args = ["--steps", "8", "--checkpoint-dir", tmp_path / "c", "--compile-cache", tmp_path / "x"]
     with pytest.raises(book.multihost.WorkerError) as failed:
         book.multihost.launch(train_py, 1, 8, timeout=120, args=args)
@@ -104,10 +104,20 @@ def test_a_checkpoint_that_cannot_be_restored_is_named_not_a_traceback(train_py,
     assert "Traceback" not in str(failed.value) and "delete" not in said
 
 
-def test_a_bucket_url_is_refused_as_no_folder(train, capsys):
+@pytest.mark.parametrize("url", ["gs://bucket/run", "gs:/bucket/run", "s3://b"])
+def test_a_bucket_url_is_refused_as_no_folder(train, capsys, url):
     with pytest.raises(SystemExit):
-        train.parser.parse_args(["--steps", "2", "--checkpoint-dir", "gs://bucket/run"])
-    assert "no folder can be made at 'gs://bucket/run'" in capsys.readouterr().err
+        train.parser.parse_args(["--steps", "2", "--checkpoint-dir", url])
+    assert f"no folder can be made at '{url}'" in capsys.readouterr().err
+
+
+def test_a_numbered_folder_inside_the_checkpoints_is_no_checkpoint(train_py, tmp_path):
+    # orbax names each step's folder step_N: the reader's own folder 9 there is no step 9.
+    flags = ["--steps", "2", "--batch", "32", "--checkpoint-dir", tmp_path / "c"]
+    flags += ["--log-dir", tmp_path / "c" / "9", "--compile-cache", tmp_path / "x"]
+    (out,) = book.multihost.launch(train_py, 1, 8, timeout=120, args=flags)
+    assert "from step 0" in out and "checkpoint 2:" in out
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["9", "step_2"]
 
 
 @pytest.mark.slow
@@ -188,7 +198,7 @@ def test_every_layout_of_the_flag_resumes_to_the_same_losses(train, tmp_path):
     assert sorted(reference) == [1, 2]
     for layout, mesh in [("FSDP", "8"), ("TP", "8"), ("FSDP x TP", "4x2")]:
         folder = tmp_path / layout.replace(" ", "")
-        shutil.copytree(tmp_path / "DP" / "c" / "1", folder / "c" / "1")
+        shutil.copytree(tmp_path / "DP" / "c" / "step_1", folder / "c" / "step_1")
         resumed = run(layout, mesh, 8)
         assert sorted(resumed) == [2], layout  # from the checkpoint of step 1
         np.testing.assert_allclose(resumed[2], reference[2], rtol=2**-8, err_msg=layout)
