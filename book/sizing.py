@@ -36,10 +36,11 @@ REMAT = ("full", "minimal", "none")
 # Pipeline schedules: the same steps and bubble, different microbatches in flight.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 GRADIENT_REDUCE = ("reduce-scatter", "all-reduce")
-KINDS = ("dp", "fsdp", "cp", "tp", "pp")
+KINDS = ("dp", "fsdp", "cp", "tp", "pp", "ep")
 # Axes from the innermost (neighbouring devices) outwards: the order a fast domain fills.
-# Context parallelism's all-to-alls run every layer, as TP's all-reduces do: next to TP.
-INNER_TO_OUTER = ("tp", "cp", "fsdp", "pp", "dp")
+# Context parallelism's all-to-alls run every layer, as TP's all-reduces do: next to TP; expert
+# parallelism's too, next to CP.
+INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class Transformer:
     Llama and chapter 13's model). ``gated`` MLPs (SwiGLU, as Llama) have three matrices of
     ``d_model x d_ff``; chapter 13's GELU MLP has two. ``head_dim`` defaults to
     ``d_model // heads``.
+
+    With ``experts`` (0: dense), each layer's MLP is a mixture of experts (chapter 21's): a
+    router of ``d_model x experts`` and ``experts`` MLPs of ``d_ff`` hidden units each (gated
+    or not, as ``gated``), of which each token runs ``top_k``.
     """
 
     layers: int
@@ -60,6 +65,8 @@ class Transformer:
     vocab: int
     head_dim: int | None = None
     gated: bool = True
+    experts: int = 0
+    top_k: int = 1
 
     def __post_init__(self):
         # Kept as Python numbers: a NumPy or JAX integer would overflow in the products below.
@@ -71,6 +78,16 @@ class Transformer:
                 name, validate.whole(getattr(self, name), f"The model's {name}", error=SizingError)
             )
         keep("gated", validate.flag(self.gated, "gated", error=SizingError))
+        keep(
+            "experts",
+            validate.whole(self.experts, "The model's experts", low=0, error=SizingError),
+        )
+        keep("top_k", validate.whole(self.top_k, "The model's top_k", error=SizingError))
+        if self.experts and self.top_k > self.experts:
+            raise SizingError(
+                f"top_k={self.top_k} is more than the model's {self.experts} experts; choose a "
+                f"top_k of at most {self.experts}."
+            )
         if self.head_dim is None:
             if self.d_model % self.heads:
                 raise SizingError(
@@ -104,15 +121,21 @@ def _arrays(m: Transformer) -> dict[str, tuple[int, dict[str, int]]]:
     ``size / length * ceil(length / degree)`` elements: XLA pads a dimension that does not
     divide. TP splits K/V heads (Q, K and V by K/V head, as chapter 13 lays out ``wqkv``), the
     output projection's heads, the MLP's hidden units and the vocabulary; FSDP splits
-    ``d_model`` wherever it occurs; norms are split by FSDP only.
+    ``d_model`` wherever it occurs; norms are split by FSDP only. With experts, the router is
+    split by FSDP only, and EP splits the experts' leading dimension.
     """
     d, h, k, dh, f = m.d_model, m.heads, m.kv_heads, m.head_dim, m.d_ff
+    mlp = (3 if m.gated else 2) * d * f
     layer = {
         "norms": (2 * d, {"fsdp": d}),
         "wqkv": (d * (h + 2 * k) * dh, {"fsdp": d, "tp": k}),
         "wo": (h * dh * d, {"fsdp": d, "tp": k}),
-        "mlp": ((3 if m.gated else 2) * d * f, {"fsdp": d, "tp": f}),
     }
+    if m.experts:
+        layer["router"] = (d * m.experts, {"fsdp": d})
+        layer["experts"] = (m.experts * mlp, {"ep": m.experts, "fsdp": d, "tp": f})
+    else:
+        layer["mlp"] = (mlp, {"fsdp": d, "tp": f})
     outside = {
         "embed": (m.vocab * d, {"fsdp": d, "tp": m.vocab}),
         "final_norm": (d, {"fsdp": d}),
@@ -147,7 +170,7 @@ def _held(size: int, splits: dict[str, int], degree: dict[str, int]) -> int:
     """Elements of one array on one device, each split dimension padded to its degree."""
     held = size
     for kind, length in splits.items():
-        held = held // length * math.ceil(length / degree[kind])
+        held = held // length * math.ceil(length / degree.get(kind, 1))
     return held
 
 
@@ -552,6 +575,7 @@ def plan(
     tp: int = 1,
     pp: int = 1,
     cp: int = 1,
+    ep: int = 1,
     global_batch: int,
     seq: int,
     microbatches: int = 1,
@@ -567,6 +591,7 @@ def plan(
     gradient_reduce: str = "reduce-scatter",
     zero: int = 0,
     fused_attention: bool = False,
+    capacity_factor: float | None = None,
 ) -> Plan:
     """Memory and communication per device of one training step of ``model`` in this layout.
 
@@ -636,11 +661,30 @@ def plan(
       ``microbatches`` steps and each stage sends at each of ``v microbatches + pp - 1``
       steps, ``v`` times GPipe's transfers. Chapter 14's
       program also runs its layers, and their FSDP and TP collectives, at its ``pp - 1``
-      idle steps, and keeps those steps' activations; tests/compiled_plans.py accounts for both.
+      idle steps, and keeps those steps' activations; tests/compiled_plans.py accounts for both;
+    - ``ep`` (expert parallelism, chapter 21; a model with ``experts``) splits the experts over
+      ``ep`` devices and the batch over ``dp x fsdp x ep``; the other weights are replicated
+      over ``ep``. Per layer and microbatch each device sends ``moe_all_to_all_bytes`` of its
+      tokens (dropless blocks of ``tokens x min(top_k, experts / ep)`` rows, or with
+      ``capacity_factor`` the capacity's; in ``compute_dtype``): forward the tokens out, the
+      results back and each expert's count of rows (int32), backward the transposes of the
+      two; under full and minimal remat the forward's three again (the blocks' products are
+      no dots ``"minimal"`` saves). The experts' gradients are all-reduced over ``dp``; every
+      other gradient a device holds over ``dp x ep``, in one all-reduce of ``dp x ep``
+      devices (as XLA compiles chapter 21's step; kind ``"dp"``, on DP's link, where
+      ``dp > 1``, else kind ``"ep"``). Kept for the backward pass: under minimal remat the
+      router's logits in place of the MLP's products; without remat, per token, the gathered
+      results of its ``top_k`` experts (arrays of the stream) and the router's probabilities,
+      and per device the received blocks (``ep`` blocks of rows) twice and their hidden units
+      five times, in place of the dense MLP's. Model FLOPs count ``top_k`` experts per token;
+      a dropless layer's dense compute on hardware without a ragged product (XLA:CPU runs
+      every expert's product over every row) is the implementation's, not modelled.
+      ``ep`` is planned with ``dp`` and ``fsdp`` only.
     """
     _check_model(model)
     layout = {
-        k: _whole(v, k) for k, v in (("dp", dp), ("fsdp", fsdp), ("cp", cp), ("tp", tp), ("pp", pp))
+        k: _whole(v, k)
+        for k, v in (("dp", dp), ("fsdp", fsdp), ("cp", cp), ("tp", tp), ("pp", pp), ("ep", ep))
     }
     global_batch = _whole(global_batch, "global_batch")
     # Up to 2**20 tokens a sequence: eight times the longest context window of the presets.
@@ -684,10 +728,12 @@ def plan(
             f"The layout needs {math.prod(layout.values()):,} devices; use at most "
             f"{validate.MAX_DEVICES:,}."
         )
-    split = layout["dp"] * layout["fsdp"] * microbatches
+    capacity_factor = _check_ep(model, layout, sequence_parallel, zero, capacity_factor)
+    split = layout["dp"] * layout["fsdp"] * layout["ep"] * microbatches
     if global_batch % split:
+        over = "dp x fsdp x ep" if layout["ep"] > 1 else "dp x fsdp"
         raise SizingError(
-            f"A global batch of {global_batch} sequences does not split evenly over dp x fsdp "
+            f"A global batch of {global_batch} sequences does not split evenly over {over} "
             f"x microbatches = {split}; choose a multiple of {split}."
         )
     if layout["tp"] > model.kv_heads:
@@ -719,6 +765,8 @@ def plan(
         "zero": zero,
         "fused_attention": fused,
     }
+    if model.experts:
+        conventions["capacity_factor"] = capacity_factor
     b = {k: DTYPE_BYTES[v] for k, v in dtypes.items()}
     arrays = _arrays(model)
     local_layers = model.layers // layout["pp"]
@@ -727,8 +775,9 @@ def plan(
     held = local_layers * per_layer + sum(ends.values())  # PP: the ends on every stage
 
     # Per data-parallel group and step: its sequences, and one microbatch of them; a device
-    # holds 1 / cp of the microbatch's positions (Ulysses splits the sequence over cp).
-    tokens = global_batch // (layout["dp"] * layout["fsdp"]) * seq
+    # holds 1 / cp of the microbatch's positions (Ulysses splits the sequence over cp). EP
+    # splits the batch too.
+    tokens = global_batch // (layout["dp"] * layout["fsdp"] * layout["ep"]) * seq
     micro_tokens = tokens // microbatches
     device_tokens = micro_tokens // layout["cp"]
     act = b["compute_dtype"]
@@ -742,7 +791,8 @@ def plan(
         + (4 if optimizer == "adamw" else 0),
         "activations": _activations(
             model, layout, local_layers, device_tokens, seq, act, remat, sequence_parallel, fused
-        ),
+        )
+        + _moe_activations(model, layout, local_layers, device_tokens, act, remat, capacity_factor),
     }
     p = layout["pp"]
     if p > 1:  # GPipe holds every microbatch's activations, 1F1B at most pp, and the
@@ -754,8 +804,8 @@ def plan(
 
     collectives = []
 
-    def add(kind, op, what, nbytes, count, in_layers=True):
-        n = layout[kind]
+    def add(kind, op, what, nbytes, count, in_layers=True, n=None):
+        n = layout[kind] if n is None else n  # a collective over dp x ep: dp x ep devices
         if n > 1 and count:
             formula = {
                 "all-gather": cost.all_gather_bytes,
@@ -801,14 +851,36 @@ def plan(
         add("cp", "all-reduce", "a layer's gradients", per_layer * b["grad_dtype"], local_layers)
         ends_grads = (held - local_layers * per_layer) * b["grad_dtype"]
         add("cp", "all-reduce", "the ends' gradients", ends_grads, 1, False)
+    # EP: per layer and microbatch, the tokens out to their experts and the results back
+    # (forward, the recomputation under full and minimal remat, and transposed backward), and
+    # each expert's count of rows (forward and recomputation).
+    if layout["ep"] > 1:
+        sent = moe_all_to_all_bytes(
+            device_tokens, top_k=model.top_k, d_model=model.d_model, experts=model.experts,
+            expert_parallel=layout["ep"], capacity_factor=capacity_factor,
+            dtype=dtypes["compute_dtype"],
+        )  # fmt: skip
+        blocks = sent["backward"] / 2
+        passes = 2 if remat == "none" else 3
+        count = passes * microbatches * local_layers
+        add("ep", "all-to-all", "the tokens out to their experts", blocks, count)
+        add("ep", "all-to-all", "the experts' results back", blocks, count)
+        counts = sent["forward"] - sent["backward"]
+        count = (passes - 1) * microbatches * local_layers  # the forward's, not transposed
+        add("ep", "all-to-all", "each expert's count of rows", counts, count)
     # DP: every gradient a device holds, all-reduced once a step, layer by layer; under
     # ZeRO reduce-scattered (ZeRO-2: each microbatch's), and the parameters each device
     # updated gathered.
     ends_held = held - local_layers * per_layer
-    for what, elements, count, inside in (
-        ("a layer's", per_layer, local_layers, True),
-        ("the ends'", ends_held, 1, False),
-    ):
+    reduced = (("a layer's", per_layer, local_layers, True), ("the ends'", ends_held, 1, False))
+    if layout["ep"] > 1:  # the experts' over dp; the rest over dp x ep, in one all-reduce
+        experts = _held(*arrays["layer.experts"], layout)
+        reduced = (("a layer's experts'", experts, local_layers, True),)
+        kind, n = ("dp" if layout["dp"] > 1 else "ep"), layout["dp"] * layout["ep"]
+        shared = (per_layer - experts) * b["grad_dtype"]
+        add(kind, "all-reduce", "a layer's other gradients", shared, local_layers, n=n)
+        add(kind, "all-reduce", "the ends' gradients", ends_held * b["grad_dtype"], 1, False, n=n)
+    for what, elements, count, inside in reduced:
         grads = elements * b["grad_dtype"]
         if zero:
             times = count * (microbatches if zero == 2 else 1)
@@ -831,6 +903,9 @@ def plan(
 
     all_tokens = global_batch * seq
     matmul_params = param_count(model) - model.vocab * model.d_model  # the lookup is free
+    if model.experts:  # each token runs top_k of the experts (model FLOPs, not the program's)
+        idle = model.experts - model.top_k
+        matmul_params -= model.layers * idle * _arrays(model)["layer.experts"][0] // model.experts
     attention = 6 * model.layers * model.heads * model.head_dim * seq * all_tokens
     model_flops = 6 * matmul_params * all_tokens + attention  # causal: half the scores
     recompute = {"full": 2 * matmul_params * all_tokens + attention / 3, "minimal": attention / 3}
@@ -871,6 +946,69 @@ def _check_cp(model, layout, seq, sequence_parallel, zero):
             )
 
 
+def _check_ep(model, layout, sequence_parallel, zero, capacity_factor):
+    """Refuse, in one sentence, an ep the calculator cannot plan; the capacity factor checked."""
+    ep = layout["ep"]
+    if not model.experts:
+        if ep > 1 or capacity_factor is not None:
+            what = f"ep={ep}" if ep > 1 else "capacity_factor"
+            raise SizingError(
+                f"{what} needs a model with experts; give the Transformer experts (and top_k)."
+            )
+        return None
+    if model.experts % ep:
+        raise SizingError(
+            f"{model.experts} experts do not split evenly over ep={ep}; choose an ep that "
+            f"divides {model.experts}."
+        )
+    for what, on in (
+        ("tp", layout["tp"] > 1),
+        ("cp", layout["cp"] > 1),
+        ("pp", layout["pp"] > 1),
+        ("sequence_parallel", sequence_parallel),
+        ("zero", zero),
+    ):
+        if on:
+            raise SizingError(
+                f"A model with experts and {what} is not planned (not checked against a "
+                f"compiled program); leave {what} out."
+            )
+    if capacity_factor is None:
+        return None
+    return validate.number(
+        capacity_factor,
+        "capacity_factor",
+        above=True,
+        high=1e6,
+        wanted="a number above 0 such as 1.25, or None for dropless",
+        error=SizingError,
+    )
+
+
+def _moe_activations(m, layout, layers, tokens, act, remat, capacity_factor) -> int:
+    """Bytes one device keeps from its expert layers for the backward pass, past the rest.
+
+    Full remat keeps each layer's input only (``_activations``). Minimal remat keeps the
+    router's logits (a dot with no batch dimensions); the experts' products are ragged dots,
+    which the policy does not save. Without remat, per token the router's probabilities and
+    the ``top_k`` results gathered back from the experts (arrays of the stream), and per
+    device the blocks it received (``ep`` blocks of ``rows``, chapter 21's worst case or the
+    capacity's): their rows of ``d_model`` twice and their hidden units five times (as a
+    dense GELU MLP's five arrays of its hidden units).
+    """
+    if not m.experts or remat == "full":
+        return 0
+    if remat == "minimal":
+        return layers * tokens * m.experts * act
+    ep, local = layout["ep"], m.experts // layout["ep"]
+    if capacity_factor is None:
+        rows = min(m.top_k, local) * tokens
+    else:
+        rows = local * math.ceil(capacity_factor * m.top_k * tokens / m.experts)
+    per_token = (m.top_k * m.d_model + m.experts) * act
+    return layers * (tokens * per_token + ep * rows * (2 * m.d_model + 5 * m.d_ff) * act)
+
+
 def _activations(m, layout, layers, tokens, seq, act, remat, sp, fused) -> int:
     """Bytes one device keeps from the forward pass for the backward pass.
 
@@ -896,6 +1034,7 @@ def _activations(m, layout, layers, tokens, seq, act, remat, sp, fused) -> int:
     d, dh = m.d_model, m.head_dim
     stream = math.ceil(d / tp) if sp else d
     kv, ff = math.ceil(m.kv_heads / tp), math.ceil(m.d_ff / tp)
+    ff = 0 if m.experts else ff  # experts: _moe_activations
     heads = kv * (m.heads // m.kv_heads)  # TP splits the heads by K/V groups
     if remat == "full":
         per_token = stream * act
@@ -1052,6 +1191,10 @@ def serve(
     is 0.9 by default), so whether a plan fits is judged against the whole HBM.
     """
     _check_model(model)
+    if model.experts:
+        raise SizingError(
+            "Serving a model with experts is not planned; give serve a dense Transformer."
+        )
     layout = {k: _whole(v, k) for k, v in zip(SERVE_KINDS, (dp, fsdp, cp, tp))}
     batch = _whole(batch, "batch")
     context = validate.whole(

@@ -132,7 +132,7 @@ def _body(c: Choice, p: sizing.Plan, hw: sizing.Hardware) -> str:
         [[f"{p.memory[k] / _GIB:.1f}" for k in (*p.memory,)] + [f"{hw.hbm_bytes / _GIB:.1f}"]],
         title="GiB per device (book.sizing.plan)",
     )
-    kinds = [k for k in sizing.KINDS if k != "cp"]  # the form lays out no context axis
+    kinds = [k for k in sizing.KINDS if k not in ("cp", "ep")]  # not among the form's axes
     comm = [f"{s.comm[k]:.2f} ({s.links[k]})" if p.layout[k] > 1 else "" for k in kinds]
     tokens = c.global_batch * c.seq / (c.chips * s.bound)
     times = display.table(
