@@ -27,6 +27,8 @@ _EPS32 = float(np.finfo(np.float32).eps)
 def _numbers(value, name: str) -> np.ndarray:
     """``value`` as a float64 array, or one sentence when it holds no numbers."""
     array = None
+    if callable(getattr(value, "is_deleted", None)) and value.is_deleted():
+        validate.array(value, name)  # says it was deleted, as a donated array is
     if not isinstance(value, (str, bytes, dict, set)):
         try:
             array = validate.widened(np.asarray(value))

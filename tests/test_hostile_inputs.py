@@ -1357,8 +1357,15 @@ def test_lessons_refuse_what_they_would_compute_wrongly():
     for heads, kv in ((12, 8), (4, 8)):
         with pytest.raises(ValueError, match="multiple of n_kv_heads"):
             transformer.Config(n_heads=heads, n_kv_heads=kv)
-    with pytest.raises(ValueError, match=r"lists 'X': give \('F', j\)"):
-        pipeline.simulate([[("X", 0)]])
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        transformer.Config(n_kv_heads=0)
+    for orders, words in (
+        ([[("X", 0)]], "pairs"),
+        ([["FB"]], "pairs"),
+        ([[("F", 0)] * 2], "twice"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            pipeline.simulate(orders)
 
 
 @pytest.mark.parametrize(
@@ -1442,3 +1449,10 @@ def test_an_op_named_otherwise_than_hlo_names_it_is_refused(op, guess):
         with pytest.raises(ReaderError, match=f"give '{guess}'") as caught:
             call()
         one_sentence(caught.value)
+
+
+def test_a_deleted_array_is_named_deleted_by_the_product_check():
+    a = jnp.ones((4, 4))
+    a.delete()
+    with pytest.raises(ReaderError, match="has been deleted"):
+        checks.assert_product(jnp.ones((4, 4)), a, jnp.ones((4, 4)))

@@ -305,6 +305,13 @@ def simulate(orders):
     stage's for its own F(j)). Returns, for each step, each stage's work or None.
     """
     p, finished, position, steps = len(orders), {}, [0] * len(orders), []
+    works = [w for order in orders for w in order]
+    if any(
+        type(w) is not tuple or len(w) != 2 or w[0] not in ("F", "B") for w in works
+    ):
+        raise ValueError("Give each stage a list of ('F', j) and ('B', j) pairs.")
+    if any(len(set(order)) < len(order) for order in orders):
+        raise ValueError("A stage lists a microbatch's forward or backward twice.")
     while any(position[s] < len(orders[s]) for s in range(p)):
         step = []
         for s in range(p):
@@ -312,8 +319,6 @@ def simulate(orders):
                 step.append(None)
                 continue
             op, j = orders[s][position[s]]
-            if op not in ("F", "B"):
-                raise ValueError(f"Stage {s} lists {op!r}: give ('F', j) or ('B', j).")
             if op == "F":
                 needs = ("F", s - 1, j) if s > 0 else None
             else:

@@ -29,8 +29,10 @@ class Config:
     n_layers: int = 2
 
     def __post_init__(self):  # a query head left over would be dropped without a word
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads}: give a multiple of n_kv_heads")
+        if min(dataclasses.astuple(self)) < 1 or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"{self}: give sizes of 1 or more, n_heads a multiple of n_kv_heads"
+            )
 
 
 # The logical name of each dimension of each parameter; None: never split.
