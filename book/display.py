@@ -417,7 +417,8 @@ def listing(compiled, *, ops=None, width: int = 88) -> str:
                 f"ops must be an op or a list of ops, such as ['all-gather', 'dot'], not "
                 f"{validate.describe(ops)}."
             )
-        wanted = [hlo.op_name(op) for op in wanted]
+        for op in wanted:  # a name HLO does not have is refused, not matched by nothing
+            hlo.instructions(compiled, op)
         rows = [r for r in rows if any(r.does(op) for op in wanted)]
     return "\n".join(instruction_text(r, width) for r in rows)
 

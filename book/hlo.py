@@ -18,11 +18,13 @@ Everything here returns plain data; ``book.display`` turns it into tables, listi
 from __future__ import annotations
 
 import collections
+import difflib
 import math
 import os
 import re
 import sys
 import tempfile
+import unicodedata
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -632,7 +634,7 @@ class Instruction:
         return tuple(op for op in self.fused if op not in _DULL_FUSED) or self.fused[:1]
 
 
-# JAX's names of collectives, and what a compiled program calls each.
+# JAX's names of operations, and what a compiled program calls each.
 _JAX_NAMES = {
     "psum": "all-reduce",
     "pmean": "all-reduce",
@@ -644,25 +646,54 @@ _JAX_NAMES = {
     "ppermute": "collective-permute",
     "all_to_all": "all-to-all",
     "ragged_all_to_all": "ragged-all-to-all",
+    "dot_general": "dot",
+    "matmul": "dot",
+    "reduce_sum": "reduce",
+    "reduce_max": "reduce",
+    "broadcast_in_dim": "broadcast",
+    "conv_general_dilated": "convolution",
 }
+# HLO's operations (XLA's hlo_opcode.h), as a compiled program names them.
+_OPCODES = frozenset(
+    """abs add add-dependency after-all all-gather all-gather-done all-gather-start all-reduce
+    all-reduce-done all-reduce-start all-to-all and async-done async-start async-update atan2
+    batch-norm-grad batch-norm-inference batch-norm-training bitcast bitcast-convert broadcast
+    call cbrt ceil cholesky clamp collective-broadcast collective-permute
+    collective-permute-done collective-permute-start compare complex concatenate conditional
+    constant convert convolution copy copy-done copy-start cosine count-leading-zeros
+    custom-call divide domain dot dynamic-reshape dynamic-slice dynamic-update-slice erf
+    exponential exponential-minus-one fft floor fusion gather get-dimension-size
+    get-tuple-element imag infeed iota is-finite log log-plus-one logistic map maximum minimum
+    multiply negate not opt-barrier or outfeed pad parameter partition-id popcnt power
+    ragged-all-to-all ragged-dot real recv recv-done reduce reduce-precision reduce-scatter
+    reduce-window remainder replica-id reshape reverse rng rng-bit-generator
+    rng-get-and-update-state round-nearest-afz round-nearest-even rsqrt scaled-dot scatter
+    select select-and-scatter send send-done set-dimension-size shift-left
+    shift-right-arithmetic shift-right-logical sign sine slice sort sqrt stochastic-convert
+    subtract tan tanh topk transpose triangular-solve tuple while xor""".split()
+)
+_DASHES = dict.fromkeys(map(ord, "\u2010\u2011\u2012\u2013\u2014\u2212"), "-")
 
 
 @validate.impostors_refused
-def op_name(op) -> str:
+def op_name(op, also=()) -> str:
     """An operation as HLO names it, lower case with hyphens, such as ``all-gather``.
 
-    A name written otherwise matches no instruction, so it is refused, with HLO's name where
-    it is JAX's or differs only in case, underscores or spaces.
+    A name HLO does not have (nor ``also``, a program's own operations) matches no
+    instruction, so it is refused, with the nearest of HLO's names.
     """
     op = validate.text(op, "the op", example="'all-gather'", error=HloError)
-    if op not in _JAX_NAMES and re.fullmatch(r"[a-z][a-z0-9-]*", op):
+    known = _OPCODES | set(also)
+    if op in known:
         return op
-    guess = _JAX_NAMES.get(op) or op.strip().lower().replace("_", "-")
-    if not re.fullmatch(r"[a-z][a-z0-9-]*", guess):
-        guess = "all-gather"
+    plain = unicodedata.normalize("NFKC", op).translate(_DASHES).strip()
+    guess = _JAX_NAMES.get(plain) or plain.lower().replace("_", "-").replace(" ", "-")
+    if guess not in known:
+        close = difflib.get_close_matches(guess, sorted(known), n=1, cutoff=0.6)
+        guess = close[0] if close else "all-gather"
     raise HloError(
-        f"HLO names operations in lower case with hyphens: {validate.describe(op, 40)} matches "
-        f"no instruction; give '{guess}'."
+        f"HLO has no operation named {validate.describe(op, 40)}, so it matches no "
+        f"instruction; HLO's nearest name is '{guess}'."
     )
 
 
@@ -674,10 +705,10 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
     containing one, since compilers fuse small operations into their neighbours and the fusion
     is what the entry computation lists.
     """
-    if op is not None:  # a number, a list or a misspelling would match nothing, silently
-        op = op_name(op)
     module = _parse(_text(compiled))
     insts = module.computations[module.entry]
+    if op is not None:  # a number, a list or a misspelling would match nothing, silently
+        op = op_name(op, {i.op for c in module.computations.values() for i in c})
     names = {i.name for i in insts}
     found = []
     for inst in insts:

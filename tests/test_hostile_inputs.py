@@ -1440,13 +1440,14 @@ def test_residuals_of_explicitly_sharded_arrays_are_read():
 
 @pytest.mark.parametrize(
     "op, guess",
-    [("all_reduce", "all-reduce"), ("psum", "all-reduce"), ("AllReduce", "allreduce"),
-     ("ALL-REDUCE", "all-reduce"), ("all-reduce ", "all-reduce")],
+    [("all_reduce", "all-reduce"), ("psum", "all-reduce"), ("AllReduce", "all-reduce"),
+     ("ALL-REDUCE", "all-reduce"), ("all-reduce ", "all-reduce"), ("allreduce", "all-reduce"),
+     ("all\u2010reduce", "all-reduce"), ("dot_general", "dot"), ("matmul", "dot")],
 )  # fmt: skip
 def test_an_op_named_otherwise_than_hlo_names_it_is_refused(op, guess):
     step = jax.jit(lambda a: jnp.sum(a)).lower(jnp.ones(8)).compile()
     for call in (lambda: hlo.instructions(step, op), lambda: display.listing(step, ops=[op])):
-        with pytest.raises(ReaderError, match=f"give '{guess}'") as caught:
+        with pytest.raises(ReaderError, match=f"nearest name is .{guess}.") as caught:
             call()
         one_sentence(caught.value)
 
