@@ -83,6 +83,10 @@ class Transformer:
             validate.whole(self.experts, "The model's experts", low=0, error=SizingError),
         )
         keep("top_k", validate.whole(self.top_k, "The model's top_k", error=SizingError))
+        if not self.experts and self.top_k != 1:
+            raise SizingError(
+                f"top_k={self.top_k} needs experts; give the model experts, or leave top_k at 1."
+            )
         if self.experts and self.top_k > self.experts:
             raise SizingError(
                 f"top_k={self.top_k} is more than the model's {self.experts} experts; choose a "
@@ -556,7 +560,12 @@ def _dtype_name(value):
             value = np.dtype(value).name
         except TypeError:  # a type that is no dtype: refused by name below
             pass
-    if isinstance(value, str) and value.startswith("float8_") and hasattr(ml_dtypes, value):
+    if (
+        isinstance(value, str)
+        and value.startswith("float8_")
+        and hasattr(ml_dtypes, value)
+        and ml_dtypes.finfo(getattr(ml_dtypes, value)).nmant > 0  # e8m0: scales, not weights
+    ):
         value = "float8"
     return value
 

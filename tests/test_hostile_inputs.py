@@ -1457,3 +1457,15 @@ def test_a_deleted_array_is_named_deleted_by_the_product_check():
     a.delete()
     with pytest.raises(ReaderError, match="has been deleted"):
         checks.assert_product(jnp.ones((4, 4)), a, jnp.ones((4, 4)))
+
+
+def test_sizing_refuses_top_k_without_experts_and_scale_only_floats():
+    import ml_dtypes
+
+    from book import sizing
+
+    with pytest.raises(ReaderError, match="needs experts"):
+        sizing.Transformer(2, 64, 128, 8, 8, 64, experts=0, top_k=5)
+    m = sizing.PRESETS["Llama 3 8B"]
+    with pytest.raises(ReaderError, match="is not a parameter dtype"):
+        sizing.plan(m, global_batch=8, seq=4096, param_dtype=ml_dtypes.float8_e8m0fnu)
