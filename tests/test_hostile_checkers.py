@@ -490,3 +490,19 @@ def test_a_batch_on_one_device_is_a_verdict_not_a_checker_failure():
 
     verdict = exercises.ch10_read_once(lambda batch, sharding: jnp.asarray(batch.read()))
     assert not verdict.ok and "on one device only" in verdict.message
+
+
+def test_what_an_answer_changes_in_the_books_own_modules_is_put_back():
+    import book.cost
+    import book.sizing
+
+    presets = dict(book.sizing.PRESETS)
+
+    def answer(model, tp, batch, seq):
+        book.cost.all_reduce_bytes = lambda nbytes, n: 0.0
+        book.sizing.PRESETS.clear()
+        return 1.0
+
+    exercises.ch18_tp_bytes(answer)
+    assert book.cost.all_reduce_bytes(1024, 8) == 1792.0
+    assert book.sizing.PRESETS == presets

@@ -315,7 +315,21 @@ def _watched_modules() -> list:
     import jax.numpy as jnp
     import numpy.testing
 
-    return [np, numpy.testing, jax, jnp, jax.lax, jax.random, jax.tree_util, math, os]
+    books = [m for name, m in list(sys.modules.items()) if name.startswith("book.")]
+    return [np, numpy.testing, jax, jnp, jax.lax, jax.random, jax.tree_util, math, os, *books]
+
+
+def _tables(modules) -> dict:
+    """The public dicts, lists and sets of the book's modules (book.sizing.PRESETS, say),
+    which an answer may empty or fill: each with a copy of its contents. Private ones are the
+    modules' own state (caches, the checkers' records), which the check itself changes."""
+    return {
+        (module, name): (value, value.copy())
+        for module in modules
+        if getattr(module, "__name__", "").startswith("book.")
+        for name, value in list(vars(module).items())
+        if type(value) in (dict, list, set) and not name.startswith("_")
+    }
 
 
 def _listener_lists() -> list[list]:
@@ -393,6 +407,7 @@ class _World:
         self.tracing = (threading.gettrace(), threading.getprofile())
         self.runtime = _runtime()
         self.attributes = {module: dict(vars(module)) for module in _watched_modules()}
+        self.tables = _tables(self.attributes)
         self.loggers = {
             name: (logger.level, list(logger.handlers), logger.propagate, logger.disabled)
             for name, logger in [
@@ -415,6 +430,13 @@ class _World:
             for name, value in names.items():
                 if vars(module).get(name, value) is not value:
                     setattr(module, name, value)
+        for table, saved in self.tables.values():  # book.sizing.PRESETS emptied, say
+            if table != saved:
+                table.clear()
+                if isinstance(table, list):
+                    table.extend(saved)
+                else:
+                    table.update(saved)
         for name, (level, handlers, propagate, disabled) in self.loggers.items():
             logger = logging.getLogger(name or None)
             logger.setLevel(level)
