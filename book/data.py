@@ -40,7 +40,12 @@ def _folder(folder, what: str) -> Path:
         raise ReaderError(f"{what} must be a folder path, not {validate.describe(folder)}.")
     if "\0" in path:
         raise ReaderError(f"{what} holds a NUL character, which no path can; check the path.")
-    return Path(path)
+    try:
+        return Path(path).expanduser()  # ~/data: the home folder's, as a shell reads it
+    except RuntimeError:  # ~nobody: no such user
+        raise ReaderError(
+            f"{what} names a home folder that does not exist: {_shown(path)}."
+        ) from None
 
 
 def _shown(path) -> str:
@@ -159,6 +164,31 @@ class Source:
 
 
 @validate.impostors_refused
+def _check_range(name: str, values: np.ndarray) -> None:
+    """Values a jax.Array holds as they are: JAX keeps 64-bit numbers as 32-bit ones unless
+    jax_enable_x64 is on, and no float wider than 64 bits."""
+    import jax
+
+    kind, size = values.dtype.kind, values.dtype.itemsize
+    if (kind == "f" and size > 8) or (kind == "c" and size > 16):
+        raise ReaderError(
+            f"Field {name!r} holds {values.dtype} values, wider than any float JAX has; write "
+            "it as float64 or float32."
+        )
+    if jax.config.jax_enable_x64 or size < 8 or not values.size or kind not in "iuf":
+        return
+    narrow = {"i": np.int32, "u": np.uint32, "f": np.float32}[kind]
+    with np.errstate(invalid="ignore"):
+        finite = values[np.isfinite(values)] if kind == "f" else values
+        low, high = (finite.min(), finite.max()) if finite.size else (0, 0)
+    limits = np.finfo(narrow) if kind == "f" else np.iinfo(narrow)
+    if low < limits.min or high > limits.max:
+        raise ReaderError(
+            f"Field {name!r} holds values from {low} to {high}, beyond {np.dtype(narrow)}, which "
+            "JAX makes of them (jax_enable_x64 is off); scale them, or turn jax_enable_x64 on."
+        )
+
+
 def write(folder, **fields) -> Source:
     """Save each field as ``folder/<name>.npy`` and open them as a ``Source``.
 
@@ -173,6 +203,11 @@ def write(folder, **fields) -> Source:
     arrays = {}
     for name, values in fields.items():
         validate.name(name, "Each field's name")
+        if isinstance(values, np.ma.MaskedArray):  # np.asarray would keep the masked fill
+            raise ReaderError(
+                f"Field {name!r} is a masked array, whose mask a .npy file drops; fill or drop "
+                "the masked rows first (values.filled(...) or values.compressed())."
+            )
         try:
             arrays[name] = np.asarray(values)
         except Exception:
@@ -181,6 +216,7 @@ def write(folder, **fields) -> Source:
                 f"{validate.describe(values)}."
             ) from None
         _check_field(name, arrays[name], "")
+        _check_range(name, arrays[name])
     sizes = {len(a) for a in arrays.values()}
     if len(sizes) != 1:
         raise ReaderError(

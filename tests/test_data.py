@@ -269,3 +269,26 @@ def test_batches_and_reads_refuse_what_is_not_theirs(source):
         Batch(source, "x", np.array([0, 1])).read((slice(0.5, None),))
     with pytest.raises(ReaderError, match="not None"):
         epoch_order(N, None, 0)
+
+
+@pytest.mark.parametrize(
+    "values, words",
+    [
+        (np.full(8, 2**40 + 7), "beyond int32"),
+        (np.full(8, np.iinfo(np.uint64).max), "beyond uint32"),
+        (np.full(8, 1e300), "beyond float32"),
+        (np.ones(8, np.longdouble), "wider than any float"),
+        (np.ma.masked_array(np.arange(8), mask=[0, 1] * 4), "masked array"),
+    ],
+)
+def test_values_jax_would_change_are_refused_when_written(tmp_path, values, words):
+    with pytest.raises(ReaderError, match=words):
+        book.data.write(tmp_path, x=values)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_folder_under_home_is_written_there(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    book.data.write("~/fields", x=np.arange(4))
+    assert (tmp_path / "fields" / "x.npy").exists() and not (tmp_path / "~").exists()
