@@ -10,6 +10,7 @@ the book's build reads the stored numbers and says where and when they were take
 from __future__ import annotations
 
 import json
+import math
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,10 +216,30 @@ def load(path: Path = RESULTS) -> Measurement | None:
         )
     found = Measurement(data)
     try:  # read once here, so a file edited by hand fails now, not in a chapter's table
-        found.provenance, found.matmuls(), found.streams(), found.model(), found.step()
+        read = [found.provenance, found.matmuls(), found.streams(), found.model(), found.step()]
     except Exception as err:  # noqa: BLE001 - any field missing or of the wrong kind
         raise MeasurementError(
             f"{shown} is not a run as benchmarks/bench_gpu.py writes it ({type(err).__name__} "
             "reading its fields); run it again, or load the stored one."
         ) from None
+    odd = next((v for v in _numbers(read) if not (math.isfinite(v) and v >= 0)), None)
+    if odd is not None:  # JSON allows NaN; a time, size or rate is never negative
+        raise MeasurementError(
+            f"{shown} holds {odd}, which no time, size, count or rate of a run is; run it "
+            "again, or load the stored one."
+        )
     return found
+
+
+def _numbers(value):
+    """Every number in what a run's methods read, however nested."""
+    if isinstance(value, (bool, str)) or value is None:
+        return
+    if isinstance(value, (int, float)):
+        yield float(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _numbers(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _numbers(item)

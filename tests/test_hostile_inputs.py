@@ -1469,3 +1469,18 @@ def test_sizing_refuses_top_k_without_experts_and_scale_only_floats():
     m = sizing.PRESETS["Llama 3 8B"]
     with pytest.raises(ReaderError, match="is not a parameter dtype"):
         sizing.plan(m, global_batch=8, seq=4096, param_dtype=ml_dtypes.float8_e8m0fnu)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf"), 0.0])
+def test_a_run_edited_to_hold_no_time_is_refused(tmp_path, bad):
+    import json
+
+    from book import measured
+
+    data = json.loads(measured.RESULTS.read_text())
+    data["kernels"]["rows"][0]["best_s"] = bad
+    edited = tmp_path / "run.json"
+    edited.write_text(json.dumps(data))
+    with pytest.raises(ReaderError, match="which no time, size|is not a run as") as caught:
+        measured.load(edited)
+    one_sentence(caught.value)
