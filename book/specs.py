@@ -46,12 +46,25 @@ def _check_length(text, what) -> str:
 def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
     text = _check_length(text, what)
     body = text.strip()
-    if body[:1] in "([" and body[-1:] in ")]":
-        body = body[1:-1]
+    close = max(body.rfind(")"), body.rfind("]"))
+    if body[:1] in "([" and close > 0:  # what follows the closing bracket is stray
+        body, after = body[1:close], body[close + 1 :].strip()
+        if after:
+            raise SpecError(
+                f"Unexpected {after[0]!r} after the closing bracket of the {what} "
+                f"{validate.describe(text.strip(), 60)}; end it there, for example "
+                f"{_EXAMPLES[what]}."
+            )
     if not body.strip():  # "()": a scalar, which no split or mesh here can show
         raise SpecError(
             f"The {what} {text.strip()!r} has no sizes; give at least one, for example "
             f"{_EXAMPLES[what]}."
+        )
+    stray = re.search(r"[^\w\s,×*]", body)  # a word is named whole, below
+    if stray:
+        raise SpecError(
+            f"Unexpected {stray.group()!r} in the {what} {validate.describe(text.strip(), 60)}; "
+            f"type sizes alone, for example {_EXAMPLES[what]}."
         )
     # "x" separates sizes only between digits ("8x4"), so "(8, x)" names the stray "x".
     parts = [p.strip() for p in re.split(r",|×|\*|(?<=\d)\s*x\s*(?=\d)", body)]
@@ -63,6 +76,11 @@ def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
         )
     sizes = []
     for part in parts:
+        if not part:
+            raise SpecError(
+                f"The {what} {validate.describe(text.strip(), 60)} has an empty size between "
+                f"two separators; give one number each, for example {_EXAMPLES[what]}."
+            )
         if re.fullmatch(r"[0-9]{13,}", part, re.ASCII):
             raise SpecError(
                 f"The {what} has a size of {len(part)} digits, more than the book can use; keep "

@@ -1,5 +1,7 @@
 """Parsing and checking what a reader types: every mistake is one plain sentence."""
 
+import re
+
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -189,3 +191,17 @@ def test_a_shape_without_sizes_is_named_so():
     for text in ("()", "[]", "( )"):
         with pytest.raises(SpecError, match="has no sizes; give at least one"):
             parse_shape(text)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("(8, 4)#", "Unexpected '#' after the closing bracket"),
+        ("'(8, 4)'", 'Unexpected "\'"'),
+        ("(2**3, 4)", "an empty size between two separators"),
+        ("(8,,4)", "an empty size between two separators"),
+    ],
+)
+def test_a_stray_character_in_a_shape_is_named(text, words):
+    with pytest.raises(SpecError, match=re.escape(words)):
+        parse_shape(text)
