@@ -206,3 +206,16 @@ def test_every_layout_of_the_flag_resumes_to_the_same_losses(train, tmp_path):
         resumed = run(layout, mesh, 8)
         assert sorted(resumed) == [2], layout  # from the checkpoint of step 1
         np.testing.assert_allclose(resumed[2], reference[2], rtol=2**-8, err_msg=layout)
+
+
+def test_devices_of_several_slices_are_laid_out_by_id(train, tmp_path, monkeypatch, capsys):
+    # jax.make_mesh refuses devices of several slices, as multi-node GPU jobs have (jax
+    # 0.11 on); train.py then lays them out in the order of their ids, host by host.
+    def refuse(*args, **kwargs):
+        raise ValueError("`jax.make_mesh` does not support multi-slice topologies.")
+
+    monkeypatch.setattr(train.jax, "make_mesh", refuse)
+    args = ["--steps", "1", "--layout", "FSDP x TP", "--mesh", "4x2"]
+    train.main(train.parser.parse_args([*args, "--checkpoint-dir", str(tmp_path / "c")]))
+    out = capsys.readouterr().out
+    assert "FSDP x TP on {'fsdp': 4, 'model': 2}" in out and "step 1 |" in out
