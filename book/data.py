@@ -100,6 +100,11 @@ def _check_field(name: str, values: np.ndarray, where: str) -> None:
             f"Field {name!r}{where} holds {values.dtype} values, which a jax.Array cannot hold; "
             "store numbers (integers, floats or booleans)."
         )
+    if not values.dtype.isnative:
+        raise ReaderError(
+            f"Field {name!r}{where} is stored in the other byte order ({values.dtype.str}), "
+            "which JAX does not take; write it again with book.data.write."
+        )
     if values.ndim == 0:
         raise ReaderError(
             f"Field {name!r}{where} is a single value (a 0-d array); store one row per "
@@ -133,6 +138,7 @@ class Source:
         for path in paths:
             self.fields[path.stem] = _open_field(path, f" in {_shown(self.folder)}")
             _check_field(path.stem, self.fields[path.stem], f" in {_shown(self.folder)}")
+            _check_range(path.stem, self.fields[path.stem])
         sizes = {len(a) for a in self.fields.values()}
         if len(sizes) != 1:
             raise ReaderError(
@@ -175,14 +181,19 @@ def _check_range(name: str, values: np.ndarray) -> None:
             f"Field {name!r} holds {values.dtype} values, wider than any float JAX has; write "
             "it as float64 or float32."
         )
-    if jax.config.jax_enable_x64 or size < 8 or not values.size or kind not in "iuf":
+    if jax.config.jax_enable_x64 or size < 8 or not values.size or kind not in "iufc":
         return
+    if kind == "c":  # each part as a float
+        values = np.concatenate([values.real.ravel(), values.imag.ravel()])
+        kind = "f"
     narrow = {"i": np.int32, "u": np.uint32, "f": np.float32}[kind]
     with np.errstate(invalid="ignore"):
         finite = values[np.isfinite(values)] if kind == "f" else values
         low, high = (finite.min(), finite.max()) if finite.size else (0, 0)
+        # A nonzero float below float32's smallest becomes 0.
+        vanish = kind == "f" and bool(np.any((finite != 0) & (abs(finite) < 7e-46)))
     limits = np.finfo(narrow) if kind == "f" else np.iinfo(narrow)
-    if low < limits.min or high > limits.max:
+    if low < limits.min or high > limits.max or vanish:
         raise ReaderError(
             f"Field {name!r} holds values from {low} to {high}, beyond {np.dtype(narrow)}, which "
             "JAX makes of them (jax_enable_x64 is off); scale them, or turn jax_enable_x64 on."
@@ -210,6 +221,8 @@ def write(folder, **fields) -> Source:
             )
         try:
             arrays[name] = np.asarray(values)
+            if not arrays[name].dtype.isnative:  # ">i4" on this machine: JAX takes none
+                arrays[name] = arrays[name].astype(arrays[name].dtype.newbyteorder("="))
         except Exception:
             raise ReaderError(
                 f"Field {name!r} cannot be read as an array: pass a NumPy array of numbers, not "

@@ -222,21 +222,30 @@ def load(path: Path = RESULTS) -> Measurement | None:
             f"{shown} is not a run as benchmarks/bench_gpu.py writes it ({type(err).__name__} "
             "reading its fields); run it again, or load the stored one."
         ) from None
-    odd = next((v for v in _numbers(read) if not (math.isfinite(v) and v >= 0)), None)
+    odd = next((v for v in _numbers(read) if not _plain_number(v)), None)
     if odd is not None:  # JSON allows NaN; a time, size or rate is never negative
         raise MeasurementError(
-            f"{shown} holds {odd}, which no time, size, count or rate of a run is; run it "
+            f"{shown} holds {validate.describe(odd, 40)}, which no time, size, count or rate "
+            "of a run is; run it "
             "again, or load the stored one."
         )
     return found
 
 
+def _plain_number(value) -> bool:
+    """A time, size, count or rate: a finite number, not negative."""
+    try:
+        return math.isfinite(float(value)) and value >= 0
+    except OverflowError:  # an integer past any float, as 10**400
+        return False
+
+
 def _numbers(value):
-    """Every number in what a run's methods read, however nested."""
+    """Every number in what a run's methods read, however nested (flags are no numbers)."""
     if isinstance(value, (bool, str)) or value is None:
         return
     if isinstance(value, (int, float)):
-        yield float(value)
+        yield value
     elif isinstance(value, dict):
         for item in value.values():
             yield from _numbers(item)

@@ -292,3 +292,24 @@ def test_a_folder_under_home_is_written_there(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     book.data.write("~/fields", x=np.arange(4))
     assert (tmp_path / "fields" / "x.npy").exists() and not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize(
+    "values, words",
+    [(np.full(8, 1e300 + 1e300j), "beyond float32"), (np.full(8, 1e-50), "beyond float32")],
+)
+def test_complex_and_vanishing_values_are_refused_when_written(tmp_path, values, words):
+    with pytest.raises(ReaderError, match=words):
+        book.data.write(tmp_path, x=values)
+
+
+def test_a_field_of_the_other_byte_order_is_written_in_this_ones(tmp_path):
+    source = book.data.write(tmp_path, x=np.arange(8, dtype=">i4" if np.little_endian else "<i4"))
+    assert source.fields["x"].dtype.isnative
+    np.testing.assert_array_equal(source.read("x", [0, 7]), [0, 7])
+
+
+def test_a_folder_np_save_wrote_is_checked_as_write_checks(tmp_path):
+    np.save(tmp_path / "x.npy", np.full(8, 2**40))
+    with pytest.raises(ReaderError, match="beyond int32"):
+        book.data.Source(tmp_path)

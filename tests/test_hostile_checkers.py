@@ -506,3 +506,18 @@ def test_what_an_answer_changes_in_the_books_own_modules_is_put_back():
     exercises.ch18_tp_bytes(answer)
     assert book.cost.all_reduce_bytes(1024, 8) == 1792.0
     assert book.sizing.PRESETS == presets
+
+
+def test_an_answer_that_seeds_numpys_global_generator_leaves_the_readers_stream():
+    import numpy as np
+
+    np.random.seed(0)
+    expected = np.random.RandomState(0).rand(2)[1]
+    np.random.rand()
+
+    def answer(*args):
+        np.random.seed(123)
+        return None
+
+    exercises.ch18_tp_bytes(answer)
+    assert np.random.rand() == expected

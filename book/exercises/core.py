@@ -24,6 +24,7 @@ import inspect
 import logging
 import math
 import os
+import random
 import shutil
 import signal
 import sys
@@ -408,6 +409,7 @@ class _World:
         self.runtime = _runtime()
         self.attributes = {module: dict(vars(module)) for module in _watched_modules()}
         self.tables = _tables(self.attributes)
+        self.random = (np.random.get_state(), random.getstate())  # an answer may seed them
         self.loggers = {
             name: (logger.level, list(logger.handlers), logger.propagate, logger.disabled)
             for name, logger in [
@@ -430,6 +432,8 @@ class _World:
             for name, value in names.items():
                 if vars(module).get(name, value) is not value:
                     setattr(module, name, value)
+        np.random.set_state(self.random[0])
+        random.setstate(self.random[1])
         for table, saved in self.tables.values():  # book.sizing.PRESETS emptied, say
             if table != saved:
                 table.clear()
