@@ -927,6 +927,16 @@ def plan(
     )
 
 
+def _refuse_unchecked(what: str, **others: bool) -> None:
+    """Refuse ``what`` beside a layout no compiled program has checked it with."""
+    for other, on in others.items():
+        if on:
+            raise SizingError(
+                f"{what} with {other} is not planned (not checked against a compiled "
+                f"program); leave {other} out."
+            )
+
+
 def _check_cp(model, layout, seq, sequence_parallel, zero):
     """Refuse, in one sentence, a cp the calculator cannot plan."""
     cp, tp = layout["cp"], layout["tp"]
@@ -943,16 +953,9 @@ def _check_cp(model, layout, seq, sequence_parallel, zero):
             f"A sequence of {seq} tokens does not split evenly over cp={cp}; choose a multiple "
             f"of {cp}."
         )
-    for what, on in (
-        ("pp", layout["pp"] > 1),
-        ("sequence_parallel", sequence_parallel),
-        ("zero", zero),
-    ):
-        if on:
-            raise SizingError(
-                f"cp={cp} with {what} is not planned (not checked against a compiled program); "
-                "leave one of them out."
-            )
+    _refuse_unchecked(
+        f"cp={cp}", pp=layout["pp"] > 1, sequence_parallel=sequence_parallel, zero=zero
+    )
 
 
 def _check_ep(model, layout, sequence_parallel, zero, capacity_factor):
@@ -970,18 +973,14 @@ def _check_ep(model, layout, sequence_parallel, zero, capacity_factor):
             f"{model.experts} experts do not split evenly over ep={ep}; choose an ep that "
             f"divides {model.experts}."
         )
-    for what, on in (
-        ("tp", layout["tp"] > 1),
-        ("cp", layout["cp"] > 1),
-        ("pp", layout["pp"] > 1),
-        ("sequence_parallel", sequence_parallel),
-        ("zero", zero),
-    ):
-        if on:
-            raise SizingError(
-                f"A model with experts and {what} is not planned (not checked against a "
-                f"compiled program); leave {what} out."
-            )
+    _refuse_unchecked(
+        "A model with experts",
+        tp=layout["tp"] > 1,
+        cp=layout["cp"] > 1,
+        pp=layout["pp"] > 1,
+        sequence_parallel=sequence_parallel,
+        zero=zero,
+    )
     if capacity_factor is None:
         return None
     return validate.number(
