@@ -147,6 +147,9 @@ class Source:
             )
         self.num_examples = sizes.pop()
         self.reads: list[int] = []
+        # Opened with jax_enable_x64 on, no field's range was checked: each is, once, at its
+        # first read with it off.
+        self._narrow_checked = set() if _x64() else set(self.fields)
 
     def read(self, field: str, rows) -> np.ndarray:
         """The rows numbered ``rows`` of ``field``, in that order, as an in-memory array.
@@ -161,6 +164,9 @@ class Source:
                 f"{', '.join(map(repr, self.fields))}."
             )
         rows = _rows(rows, self.num_examples)
+        if field not in self._narrow_checked and not _x64():
+            _check_range(field, self.fields[field])
+            self._narrow_checked.add(field)
         self.reads.append(int(rows.size))
         return np.asarray(self.fields[field][rows])
 
@@ -169,19 +175,23 @@ class Source:
         return f"Source({self.num_examples} examples: {shapes})"
 
 
+def _x64() -> bool:
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
 @validate.impostors_refused
 def _check_range(name: str, values: np.ndarray) -> None:
     """Values a jax.Array holds as they are: JAX keeps 64-bit numbers as 32-bit ones unless
     jax_enable_x64 is on, and no float wider than 64 bits."""
-    import jax
-
     kind, size = values.dtype.kind, values.dtype.itemsize
     if (kind == "f" and size > 8) or (kind == "c" and size > 16):
         raise ReaderError(
             f"Field {name!r} holds {values.dtype} values, wider than any float JAX has; write "
             "it as float64 or float32."
         )
-    if jax.config.jax_enable_x64 or size < 8 or not values.size or kind not in "iufc":
+    if _x64() or size < 8 or not values.size or kind not in "iufc":
         return
     if kind == "c":  # each part as a float
         values = np.concatenate([values.real.ravel(), values.imag.ravel()])

@@ -232,8 +232,13 @@ def load(path: Path = RESULTS) -> Measurement | None:
     return found
 
 
+FLAGS = {"counted_by_xla"}  # the only true-or-false fields the methods return
+
+
 def _plain_number(value) -> bool:
-    """A time, size, count or rate: a finite number, not negative."""
+    """A time, size, count or rate: a finite number, not negative (nor true or false)."""
+    if isinstance(value, bool):
+        return False
     try:
         return math.isfinite(float(value)) and value >= 0
     except OverflowError:  # an integer past any float, as 10**400
@@ -241,14 +246,16 @@ def _plain_number(value) -> bool:
 
 
 def _numbers(value):
-    """Every number in what a run's methods read, however nested (flags are no numbers)."""
-    if isinstance(value, (bool, str)) or value is None:
+    """Every number in what a run's methods read, however nested, and every true or false
+    where a number belongs (JSON's ``true`` reads as 1): all but the methods' own flags."""
+    if isinstance(value, str) or value is None:
         return
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)):  # bool included
         yield value
     elif isinstance(value, dict):
-        for item in value.values():
-            yield from _numbers(item)
+        for key, item in value.items():
+            if key not in FLAGS:
+                yield from _numbers(item)
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _numbers(item)

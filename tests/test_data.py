@@ -313,3 +313,14 @@ def test_a_folder_np_save_wrote_is_checked_as_write_checks(tmp_path):
     np.save(tmp_path / "x.npy", np.full(8, 2**40))
     with pytest.raises(ReaderError, match="beyond int32"):
         book.data.Source(tmp_path)
+
+
+def test_a_source_opened_with_x64_on_is_checked_when_read_with_it_off(tmp_path):
+    np.save(tmp_path / "x.npy", np.full(8, 2**40))
+    np.save(tmp_path / "y.npy", np.arange(8, dtype=np.int64))
+    with jax.enable_x64(True):
+        source = book.data.Source(tmp_path)
+        assert source.read("x", [0])[0] == 2**40
+    np.testing.assert_array_equal(source.read("y", [1, 2]), [1, 2])  # within int32
+    with pytest.raises(ReaderError, match="beyond int32"):
+        source.read("x", [0])

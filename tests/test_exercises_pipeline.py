@@ -62,6 +62,14 @@ def test_by_stage_gives_group_g_of_stage_s_run_g_p_plus_s_and_inverts():
     assert pipeline.from_stages(staged).tolist() == layers.tolist()
 
 
+@pytest.mark.parametrize(
+    "stacked, p, v", [(np.arange(16), 3, 1), (np.arange(8), 0, 2), (1.0, 2, 1)]
+)
+def test_by_stage_of_layers_that_do_not_split_evenly_says_so(stacked, p, v):
+    with pytest.raises(ValueError, match=f"p x v = {p * v} must divide the"):
+        pipeline.by_stage(stacked, p, v)
+
+
 @pytest.mark.parametrize("p, m", [(4, 8), (6, 4), (3, 7), (1, 3)])
 def test_both_orders_take_2_m_plus_p_minus_1_steps_and_hold_what_the_books_say(p, m):
     for order, peak in (

@@ -1471,7 +1471,7 @@ def test_sizing_refuses_top_k_without_experts_and_scale_only_floats():
         sizing.plan(m, global_batch=8, seq=4096, param_dtype=ml_dtypes.float8_e8m0fnu)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf"), 0.0])
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf"), 0.0, True, False])
 def test_a_run_edited_to_hold_no_time_is_refused(tmp_path, bad):
     import json
 

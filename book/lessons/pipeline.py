@@ -19,6 +19,9 @@ def by_stage(stacked, p, v=1):
     Group g of stage s is the (g p + s)-th run of L // (p v) consecutive layers.
     """
     stacked = np.asarray(stacked)
+    layers = stacked.shape[0] if stacked.ndim else 0
+    if not layers or p * v < 1 or layers % (p * v):
+        raise ValueError(f"p x v = {p * v} must divide the {layers} stacked layers")
     return stacked.reshape(v, p, -1, *stacked.shape[1:]).swapaxes(0, 1)
 
 
