@@ -175,3 +175,67 @@ def test_in_flight_names_the_usual_mistakes():
     rejected(exercises.ch14_in_flight([4] * 6, [4, 4, 3, 3, 2, 1]), "p - s - 1 forwards")
     rejected(exercises.ch14_in_flight([4] * 5, [4, 4, 4, 3, 2, 1]), "one per stage")
     rejected(exercises.ch14_in_flight("four", [4, 4, 4, 3, 2, 1]), "list of 6 numbers")
+
+
+def test_dropout_masks_follow_microbatch_and_layer_on_a_circular_tp_pipeline():
+    """Chapter 14 checks its dropout on a line of stages; here with v = 2 on 4 stages and
+    the stream's model axis: the same loss and gradients as one device with the same keys."""
+    import chex
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType
+
+    from book.lessons import transformer
+
+    m, micro, seq, rate = 4, 2, 8, 0.25
+    cfg = transformer.Config(n_layers=8)
+    params = transformer.init_params(cfg)
+    sequences = np.random.default_rng(1).integers(0, cfg.vocab, (m * micro, seq + 1))
+    tokens, targets = sequences[:, :-1].astype(np.int32), sequences[:, 1:].astype(np.int32)
+    mesh = jax.make_mesh((2, 4), ("model", "stage"), axis_types=(AxisType.Explicit,) * 2)
+    with jax.default_matmul_precision("highest"):
+        step, args = pipeline.make_pipeline(
+            cfg, params, mesh, tokens, targets, m, v=2, dropout=rate
+        )
+        (loss, _), grads = step(*args)
+
+        def one_device(params, tokens, targets, key):
+            def microbatch(tokens, key):
+                def layer(x, weights_and_number):
+                    weights, i = weights_and_number
+                    new = transformer.block(x, weights, cfg, None)
+                    mask_key = jax.random.fold_in(key, i)
+                    return x + pipeline.dropped(new - x, mask_key, rate), None
+
+                layers = (params["blocks"], jnp.arange(cfg.n_layers))
+                return jax.lax.scan(layer, params["embed"][tokens], layers)[0]
+
+            keys = jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(m))
+            y = jax.vmap(microbatch)(tokens, keys)
+            y = transformer.rms_norm(y, params["final_norm"])
+            return pipeline.cross_entropy(y, params["unembed"], targets, ())
+
+        shaped = [a.reshape(m, micro, seq) for a in (tokens, targets)]
+        ref_loss, ref_grads = jax.jit(jax.value_and_grad(one_device))(
+            params, *shaped, jax.random.key(0)
+        )
+    plain = transformer.loss_fn(params, tokens, targets, cfg)
+    assert abs(float(ref_loss) - float(plain)) > 1e-3  # the masks act
+    chex.assert_trees_all_close(loss, ref_loss, rtol=1e-5)
+    grads = {**grads, "blocks": jax.tree.map(pipeline.from_stages, grads["blocks"])}
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_on_a_data_axis_is_refused_until_rows_fold_in_their_index():
+    import jax
+    from jax.sharding import AxisType
+
+    from book.lessons import transformer
+
+    cfg = transformer.Config(n_layers=4)
+    params = transformer.init_params(cfg)
+    tokens = np.zeros((8, 8), np.int32)
+    mesh = jax.make_mesh((2, 4), ("data", "stage"), axis_types=(AxisType.Explicit,) * 2)
+    step, args = pipeline.make_pipeline(cfg, params, mesh, tokens, tokens, 4, dropout=0.1)
+    with pytest.raises(AssertionError, match="fold in the data row"):
+        step(*args)

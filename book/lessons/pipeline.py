@@ -67,6 +67,7 @@ def pipeline_loss(
     policy=None,
     remat_group=False,
     depth_first=False,
+    dropout=None,
 ):
     """The loss of m microbatches through the stages of the `stage` axis, on one stage.
 
@@ -75,11 +76,14 @@ def pipeline_loss(
     axes among INNER_AXES, which split each stage's work. remat_group: recompute the
     selected group in the backward instead of keeping its weights at every step.
     depth_first: the circular schedule's items in depth-first order (see `item`).
+    dropout: (key, rate), what each layer adds to the stream dropped out with the key
+    fold_in(fold_in(key, microbatch), layer): one device's masks, on any mesh.
     """
     m = tokens.shape[0]
     p, s = jax.lax.axis_size("stage"), jax.lax.axis_index("stage")
     trips = m % p == 0 if depth_first else m >= p
     assert v == 1 or trips, "a microbatch must be back at stage 0 for its next trip"
+    assert dropout is None or not set(axes) & set(BATCH_AXES), "fold in the data row"
     mine = jax.tree.map(lambda a: a[0], params["blocks"])
     ends = {name: params[name] for name in ("embed", "final_norm", "unembed")}
     if "data" in axes:  # cast once, so that the gradients' all-reduce runs once too
@@ -92,9 +96,14 @@ def pipeline_loss(
     state = jax.lax.pcast(jnp.zeros_like(x[0]), "stage", to="varying")
     ring = [(i, (i + 1) % p) for i in range(p)]
 
-    def run_group(state, mine, index):
+    def run_group(state, mine, index, micro):
         group = jax.tree.map(lambda a: a[index], mine)
-        return run_stage(state, group, cfg, axes, policy)
+        drop = None
+        if dropout is not None:  # the key, the rate and the group's first layer
+            size = jax.tree.leaves(group)[0].shape[0]
+            key = jax.random.fold_in(dropout[0], micro)
+            drop = (key, dropout[1], (index * p + s) * size)
+        return run_stage(state, group, cfg, axes, policy, drop)
 
     if remat_group:  # the backward keeps the index, not the group it selects
         nothing = jax.checkpoint_policies.nothing_saveable
@@ -108,8 +117,8 @@ def pipeline_loss(
         # With v = 1 the group is the same at every step, so jax.grad keeps its
         # weights once; with v > 1 the index depends on the step, and jax.grad keeps
         # the selected group's weights at every step, unless remat_group.
-        index = 0 if v == 1 else item(jnp.maximum(k, 0), m, v, p, depth_first)[1]
-        state = run_group(state, mine, index)
+        micro, index = item(jnp.maximum(k, 0), m, v, p, depth_first)
+        state = run_group(state, mine, 0 if v == 1 else index, micro)
         state = jax.lax.ppermute(state, "stage", ring)
         # What the last stage finished at this step has reached stage 0: to its slot.
         done = work(t, p - 1, m, v)
@@ -184,22 +193,37 @@ def tp_block(x, p, cfg):
     return x + jax.lax.psum(jnp.einsum("bsf,fd->bsd", hidden, p["w_out"]), "model")
 
 
-def run_stage(x, group, cfg, axes, policy=None):
+def run_stage(x, group, cfg, axes, policy=None, drop=None):
     """The stream through a group of layers; policy, when given, remats each layer.
 
     Each layer gathers its own weights, so that with remat the backward gathers them
-    again instead of keeping them whole.
+    again instead of keeping them whole. drop: (key, rate, the first layer's number),
+    what each layer adds dropped out with the key fold_in(key, its number).
     """
 
-    def layer(x, p):  # scan feeds it one layer's slice of every parameter
+    def layer(x, p_and_i):  # scan feeds it one layer's weights and its place
+        p, i = p_and_i
         p = gathered(p, LAYER_AXES, axes)
-        if "model" in axes:
-            return tp_block(x, p, cfg), None
-        return transformer.block(x, p, cfg, None), None
+        new = (
+            tp_block(x, p, cfg)
+            if "model" in axes
+            else transformer.block(x, p, cfg, None)
+        )
+        if drop is not None:
+            key, rate, first = drop
+            new = x + dropped(new - x, jax.random.fold_in(key, first + i), rate)
+        return new, None
 
     if policy is not None:
         layer = jax.checkpoint(layer, policy=policy)
-    return jax.lax.scan(layer, x, group)[0]
+    size = jax.tree.leaves(group)[0].shape[0]
+    return jax.lax.scan(layer, x, (group, jnp.arange(size)))[0]
+
+
+def dropped(x, key, rate):
+    """Dropout: each value kept with probability 1 - rate, then scaled by 1/(1-rate)."""
+    keep = jax.random.bernoulli(key, 1 - rate, x.shape)
+    return jnp.where(keep, x / (1 - rate), 0.0)
 
 
 def embed(table, tokens, axes):
@@ -249,24 +273,29 @@ def make_pipeline(
     policy=None,
     remat_group=False,
     depth_first=False,
+    dropout=0.0,
 ):
     """The jitted pipeline step on mesh, and its arguments placed on the mesh.
 
     tokens, targets: (batch, seq), cut into m microbatches of batch // m sequences.
+    dropout: a rate above 0 adds dropout's key, replicated, as the step's last argument.
     """
     p = mesh.shape["stage"]
     axes = tuple(axis for axis in INNER_AXES if axis in mesh.axis_names)
     specs = param_specs(mesh)
     batch = P(None, tuple(axis for axis in BATCH_AXES if axis in axes) or None)
 
-    def step(params, tokens, targets):
+    keyed = [P()] if dropout else []  # the dropout key's spec, if any
+
+    def step(params, tokens, targets, *key):
         loss_and_grad = jax.value_and_grad(pipeline_loss, has_aux=True)
-        args = (cfg, v, axes, policy, remat_group, depth_first)
+        drop = (key[0], dropout) if dropout else None
+        args = (cfg, v, axes, policy, remat_group, depth_first, drop)
         return loss_and_grad(params, tokens, targets, *args)
 
     out_specs = ((P(), P("stage")), specs)
     step = jax.shard_map(
-        step, mesh=mesh, in_specs=(specs, batch, batch), out_specs=out_specs
+        step, mesh=mesh, in_specs=(specs, batch, batch, *keyed), out_specs=out_specs
     )
     staged = {
         **params,
@@ -283,6 +312,7 @@ def make_pipeline(
         jax.tree.map(put, staged, specs),
         put(microbatches(tokens), batch),
         put(microbatches(targets), batch),
+        *[put(jax.random.key(0), spec) for spec in keyed],
     )
     return jax.jit(step), args
 
