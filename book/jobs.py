@@ -84,7 +84,7 @@ class SlurmJob:
         try:
             if path.stat().st_mtime < self.submitted - 1:
                 return ""
-            return path.read_text(errors="replace")
+            return slurm.read_text(path)
         except OSError:
             return ""
 

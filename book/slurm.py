@@ -38,6 +38,7 @@ ENDED = {
 USABLE = {"idle", "mix"}  # node states (sinfo's %t) with CPUs free for a new job
 _POLL_SECONDS = 0.2
 _LABEL = re.compile(r"^(\d{1,9}): ?(.*)$")
+SRUN_PIECE = 1024  # bytes: srun --label prints a longer line as labelled pieces this long
 
 # Gloo announces each connection on stdout, from one thread per local device at once, and
 # writes its notice in pieces ("[Gloo] Rank ", "2", " is connected to ", ...), so under srun
@@ -121,9 +122,9 @@ def _started(command: list[str], timeout: float):
     if len(program) > 60 or not program.isprintable():
         program = validate.describe(program, 60)
     try:
-        return subprocess.run(
-            command, capture_output=True, text=True, errors="replace", timeout=timeout
-        )
+        done = subprocess.run(command, capture_output=True, timeout=timeout)
+        done.stdout, done.stderr = _text(done.stdout), _text(done.stderr)
+        return done
     except FileNotFoundError:
         raise SlurmError(
             f"There is no {program} here; start a cluster with 'make cluster' first."
@@ -278,9 +279,15 @@ def _log_path(path) -> bool:
 
 def _read(path) -> str:
     try:
-        return Path(path).read_text(errors="replace")
+        return read_text(path)
     except OSError:
         return ""
+
+
+def read_text(path) -> str:
+    """A file's text with its line ends as written: a lone "\r" (a progress bar's) ends no
+    line, as Python's universal newlines would make it."""
+    return _text(Path(path).read_bytes())
 
 
 def _text(data) -> str:
@@ -333,11 +340,17 @@ def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
     text = validate.text(text, "the output", example="'0: ...'", limit=2**31, empty=True)
     num_tasks = validate.whole(num_tasks, "num_tasks", high=validate.MAX_DEVICES, example=2)
     lines: list[list[str]] = [[] for _ in range(num_tasks)]
+    going_on = [False] * num_tasks  # the task's last piece was cut where srun cuts
     # Lines end at "\n" only: a task may print "\u2028" or "\f" inside a line of its own.
     for line in text.removesuffix("\n").split("\n") if text else []:
         found = _LABEL.match(line.removesuffix("\r"))
         if found and int(found.group(1)) < num_tasks:
-            lines[int(found.group(1))].append(found.group(2))
+            task, piece = int(found.group(1)), found.group(2)
+            if going_on[task]:
+                lines[task][-1] += piece
+            else:
+                lines[task].append(piece)
+            going_on[task] = _cut(piece)
     texts = []
     for task in lines:
         if any("[Gloo]" in line for line in task):  # only then can a line be a notice's piece
@@ -345,6 +358,14 @@ def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
             task = [_without_leading_pieces(x) for i, x in enumerate(task) if i not in noise]
         texts.append("".join(line + "\n" for line in task if line.strip()))
     return Outputs(texts, script)
+
+
+def _cut(piece: str) -> bool:
+    """Whether srun cut this piece of a longer line: it labels each 1,024 bytes of a line as
+    a line of its own (and a line of exactly 1,024 bytes is followed by an empty piece). A
+    character cut in two was read as one to three replacement characters."""
+    size = len(piece.encode("utf-8", "replace"))
+    return size == SRUN_PIECE or (piece.endswith("\ufffd") and SRUN_PIECE < size <= 1026)
 
 
 def _without_leading_pieces(line: str) -> str:

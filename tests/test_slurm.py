@@ -71,6 +71,38 @@ def test_a_tasks_own_numbers_and_line_separators_are_kept():
     assert list(book.slurm.tasks(text, 1)) == ["42 steps\n5\n"]
 
 
+def srun_labelled(task: int, line: bytes) -> bytes:
+    """A line as srun --label prints it: a labelled piece for every 1,024 bytes, and an
+    empty one after a line of a whole number of pieces (as seen from Slurm 22 to 24)."""
+    pieces = [line[i : i + 1024] for i in range(0, len(line), 1024)] or [b""]
+    if len(line) and len(line) % 1024 == 0:
+        pieces.append(b"")
+    return b"".join(b"%d: %s\n" % (task, piece) for piece in pieces)
+
+
+@pytest.mark.parametrize("size", [1023, 1024, 1025, 2048, 3000])
+def test_a_long_line_srun_prints_in_pieces_is_one_line_again(size):
+    line = b"x" * (size - 9) + b" step 7 "
+    line = line[:size]
+    text = srun_labelled(1, b"before") + srun_labelled(0, line) + srun_labelled(1, b"a")
+    text += srun_labelled(0, b"after")
+    outputs = book.slurm.tasks(text.decode(), 2)
+    assert outputs[0] == line.decode() + "\nafter\n" and outputs[1] == "before\na\n"
+
+
+def test_a_character_srun_cuts_in_two_keeps_the_line_whole():
+    line = "a" * 1023 + "\u00e9 step 7"  # the cut falls inside the two bytes of the e
+    text = srun_labelled(0, line.encode()).decode("utf-8", "replace")
+    assert book.slurm.tasks(text, 1)[0] == "a" * 1023 + "\ufffd\ufffd step 7\n"
+
+
+def test_a_carriage_return_ends_no_line_of_a_jobs_output(tmp_path):
+    out = tmp_path / "train_job-9.out"
+    out.write_bytes(b"0: loss 1.0\rstep 8 ok\r\n0: next\n")
+    job = book.jobs.SlurmJob(9, "train.py", 1, out, timeout=60, submitted=time.time())
+    assert job.output(0) == "loss 1.0\rstep 8 ok\nnext\n"
+
+
 def test_no_sinfo_or_a_failing_or_silent_one_means_no_cluster(stand_ins):
     assert book.slurm.usable_nodes() == []  # nothing on the PATH
     stand_ins("sinfo", "sys.exit(1)\n")

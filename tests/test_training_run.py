@@ -111,9 +111,13 @@ def test_a_bucket_url_is_refused_as_no_folder(train, capsys, url):
     assert f"no folder can be made at '{url}'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, inside", [("--log-dir", "9"), ("--dump", "step_9")])
+@pytest.mark.parametrize(
+    "flag, inside",
+    [("--log-dir", "9"), ("--dump", "step_9"), ("--dump", "../x/../c/step_9"), ("--dump", "")],
+)
 def test_a_folder_inside_the_checkpoints_is_refused(train, tmp_path, capsys, flag, inside):
-    # orbax would take a folder there named like a step for a checkpoint, written or not.
+    # orbax would take a folder there named like a step for a checkpoint, written or not;
+    # also reached through "..", or the checkpoint folder itself.
     c = tmp_path / "c"
     args = ["--steps", "2", "--checkpoint-dir", str(c), flag, str(c / inside)]
     with pytest.raises(SystemExit) as stop:
@@ -122,6 +126,16 @@ def test_a_folder_inside_the_checkpoints_is_refused(train, tmp_path, capsys, fla
         "train.py: error: keep the other folders out of --checkpoint-dir"
     )
     assert not c.exists() and "Traceback" not in capsys.readouterr().err
+
+
+def test_a_link_into_the_checkpoints_is_refused(train, tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "c")
+    args = ["--steps", "2", "--checkpoint-dir", str(tmp_path / "c")]
+    args += ["--dump", str(tmp_path / "link" / "step_9")]
+    with pytest.raises(SystemExit, match="keep the other folders out of --checkpoint-dir"):
+        train.main(train.parser.parse_args(args))
+    assert not (tmp_path / "c" / "step_9").exists()
 
 
 @pytest.mark.slow
