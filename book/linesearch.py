@@ -4,7 +4,8 @@ Python's ``re`` cannot be interrupted. ``validate.pattern`` refuses the patterns
 exponential time, but one with several wildcards, such as ``.*loss.*=.*nan``, still takes time
 that grows as a power of a line's length where the line almost matches, so a worker printing a
 long such line could hold ``wait_for`` for hours past its job's timeout. The search therefore
-runs in a child Python process, which is killed when the deadline passes. Each line is searched
+runs in a child Python process, killed when the deadline passes (two seconds on, if less
+remained, so that a last look is not taken for a slow pattern). Each line is searched
 on its own, as ``wait_for`` promises a line, and only the lines that arrived since the last
 search are sent; where the output is the last part of a longer log, which moves as the log
 grows, the search finds its place again by the text it ended at.
@@ -32,6 +33,7 @@ _CHILD = (
     "    print(next((i for i, x in enumerate(lines) if regex.search(x)), -1), flush=True)\n"
 )
 _MARK = 200  # characters before the searched end that find it again in a moved window
+_GRACE = 2.0  # seconds a search gets past the deadline: a plain pattern's search ends in it
 
 
 class SearchTooSlow(ReaderError):
@@ -49,7 +51,7 @@ class Search:
                 "it would match before anything is printed; give text it must find, such as "
                 "r'^step 10 '."
             )
-        if "\n" in regex.pattern or "\\n" in regex.pattern:
+        if validate.matches_newline(regex):
             raise ReaderError(
                 "The pattern holds a newline, but each line is searched on its own; give a "
                 "pattern for one line."
@@ -80,8 +82,10 @@ class Search:
         if output == self.seen:  # (a quick comparison, even of a long log's last part)
             return None
         self.seen = output
-        if not output.startswith(self.head):  # the window moved: find the place again, at
-            found = output.find(self.mark)  # the first text like it (more searched, never less)
+        before = output[max(self.done - len(self.mark), 0) : self.done]
+        if not output.startswith(self.head) or before != self.mark:  # moved or rewritten:
+            found = output.find(self.mark)  # find the place again, at the first text like
+            # it (more searched, never less), or search it all
             self.done = found + len(self.mark) if self.mark and found >= 0 else 0
         self.head = output[:_MARK]
         lines = output[self.done :].split("\n")  # the last one not yet ended, or ""
@@ -107,16 +111,17 @@ class Search:
             self.child.stdin.write(json.dumps(self.regex.pattern) + "\n")
         self.child.stdin.write(json.dumps(lines) + "\n")
         self.child.stdin.flush()
-        ready, _, _ = select.select(
-            [self.child.stdout], [], [], max(deadline - time.monotonic(), 0)
-        )
+        # At least _GRACE seconds, so that a search asked for as the deadline passes (the
+        # last look at a job's output) is not taken for a slow pattern.
+        wait = max(deadline - time.monotonic(), _GRACE)
+        ready, _, _ = select.select([self.child.stdout], [], [], wait)
         answer = self.child.stdout.readline() if ready else ""
         if not answer.strip().lstrip("-").isdigit():
             self.close()
             raise SearchTooSlow(
                 f"Searching {self.what} for {validate.describe(self.regex.pattern, 60)} had not "
-                "ended when the "
-                "job's timeout passed: a pattern with several wildcards such as .* can take "
+                f"ended after {wait:.0f} s, when the "
+                "job's timeout had passed: a pattern with several wildcards such as .* can take "
                 "hours on a long line; make it more specific, e.g. r'^step 10 ', or anchor it "
                 "with ^."
             )

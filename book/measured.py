@@ -88,6 +88,8 @@ class Measurement:
                 precision = "HIGHEST" if "HIGHEST" in r["kernel"] else "default"
                 if r["dtype"] == "bfloat16":
                     peak, name = self.hardware.peak_flops, "bfloat16"
+                elif r["dtype"] != "float32":  # bench_gpu.py times these two only
+                    raise ValueError(f"no peak for a {r['dtype']} product")
                 else:
                     peak = FLOAT32_PEAKS[self.hardware.name][precision]
                     name = PEAK_NAMES[precision]
@@ -213,6 +215,12 @@ def load(path: Path = RESULTS) -> Measurement | None:
         raise MeasurementError(
             f"{shown} holds a run on {device}, a device whose peaks book.sizing does not have; "
             f"the book reads runs on {' or '.join(FLOAT32_PEAKS)} only."
+        )
+    device = parts["kernels"].get("device_kind")
+    if isinstance(device, str) and chip not in device:  # (no device: refused below)
+        raise MeasurementError(
+            f"{shown} holds {chip}'s peaks for a run on {validate.describe(device)}; run "
+            "benchmarks/bench_gpu.py again, or load the stored one."
         )
     found = Measurement(data)
     try:  # read once here, so a file edited by hand fails now, not in a chapter's table

@@ -450,7 +450,32 @@ def path(value, what: str, example: str, *, error: type[ReaderError] = ReaderErr
         )
     if "\0" in text:
         raise error(f"{what} holds a NUL character, which no path can; check the path.")
-    return Path(text)
+    try:
+        return Path(text).expanduser()  # ~/runs: the home folder's, as a shell reads it
+    except RuntimeError:  # ~nobody: no such user
+        raise error(f"{what} names a home folder that does not exist: {describe(text)}.") from None
+
+
+def matches_newline(regex) -> bool:
+    """Whether a compiled pattern needs a newline: one written in any form (\\n, \\x0a,
+    \\012, \\N{LINE FEED}), or a class of nothing else, which no single line holds."""
+
+    def needs(parsed) -> bool:
+        for op, arg in parsed:
+            if op is _re_constants.LITERAL and arg == 10:
+                return True
+            if op is _re_constants.IN and arg == [(_re_constants.LITERAL, 10)]:
+                return True
+            if op is _re_constants.SUBPATTERN and needs(arg[-1]):
+                return True
+            if op in (_re_constants.MAX_REPEAT, _re_constants.MIN_REPEAT, _POSSESSIVE):
+                if arg[0] > 0 and needs(arg[2]):
+                    return True
+            if op is _re_constants.BRANCH and all(needs(b) for b in arg[1]):
+                return True
+        return False
+
+    return needs(_re_parser.parse(regex.pattern, regex.flags))
 
 
 def choice(value, options: Sequence[str], what: str, *, error: type[ReaderError] = ReaderError):

@@ -1427,6 +1427,64 @@ def test_patterns_that_cannot_wait_for_a_line_are_refused(tmp_path, pattern, wor
         one_sentence(caught.value)
 
 
+@pytest.mark.parametrize("written", [r"loss\x0a", r"loss\012", r"\N{LINE FEED}x", "a[\n]b"])
+def test_a_newline_written_any_way_is_refused_and_an_escaped_backslash_is_not(written):
+    import re
+
+    from book import linesearch, validate
+
+    with pytest.raises(ReaderError, match="newline") as caught:
+        linesearch.Search(validate.pattern(written), "the output")
+    one_sentence(caught.value)
+    windows = validate.pattern(re.escape(r"saved to C:\new"))  # a backslash, then n
+    with linesearch.Search(windows, "the output") as search:
+        found = search("step 1\nsaved to C:\\new\n", time.monotonic() + 30)
+    assert found.group() == "saved to C:\\new"
+
+
+def test_a_log_rewritten_from_its_start_is_searched_again():
+    from book import linesearch, validate
+
+    head = "=" * 250 + " starting\n"
+    with linesearch.Search(validate.pattern(r"^step 1500 "), "the log") as search:
+        assert search(head + "warmup line\n" * 100, time.monotonic() + 30) is None
+        found = search(head + "step 1500 loss 0.1\n", time.monotonic() + 30)
+    assert found.group() == "step 1500 "
+
+
+def test_a_last_look_after_the_deadline_is_no_slow_pattern():
+    from book import linesearch, validate
+
+    with linesearch.Search(validate.pattern(r"^step 10 "), "the log") as search:
+        assert search("step 10 done\n", time.monotonic() - 5).group() == "step 10 "
+
+
+@pytest.mark.parametrize("edit", ["float16 product", "another chip's peaks"])
+def test_a_run_edited_to_be_rated_against_the_wrong_peak_is_refused(tmp_path, edit):
+    import json
+
+    from book import measured
+
+    data = json.loads(measured.RESULTS.read_text())
+    if edit == "float16 product":
+        data["kernels"]["rows"][0]["dtype"] = "float16"
+    else:
+        data["machine"]["peaks"]["chip"] = "H200"  # the run's device is an H100
+    edited = tmp_path / "run.json"
+    edited.write_text(json.dumps(data))
+    with pytest.raises(ReaderError, match="is not a run as|peaks for a run on") as caught:
+        measured.load(edited)
+    one_sentence(caught.value)
+
+
+def test_a_home_folder_path_is_expanded_for_a_measurement(tmp_path, monkeypatch):
+    from book import measured
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "run.json").write_text(measured.RESULTS.read_text())
+    assert measured.load("~/run.json").device == measured.load().device
+
+
 def test_residuals_of_explicitly_sharded_arrays_are_read():
     from book import residuals
 
