@@ -72,10 +72,9 @@ def chip(device_kind: str):
     Only the SXM H100 and H200, whose float32 peaks book.measured also knows; on another
     device the results are stored without peaks, for a table entry to be added first.
     """
-    from book import sizing
+    from book import measured, sizing
 
-    names = {"nvidia h100 80gb hbm3": "H100", "nvidia h200": "H200"}
-    return sizing.HARDWARE.get(names.get(device_kind.lower()))
+    return sizing.HARDWARE.get(measured.DEVICE_CHIPS.get(device_kind.lower()))
 
 
 def peaks(device_kind: str) -> dict:

@@ -42,7 +42,7 @@ def _folder(folder, what: str) -> Path:
         raise ReaderError(f"{what} holds a NUL character, which no path can; check the path.")
     try:
         return Path(path).expanduser()  # ~/data: the home folder's, as a shell reads it
-    except RuntimeError:  # ~nobody: no such user
+    except (RuntimeError, UnicodeError):  # ~nobody: no such user (or no name a user has)
         raise ReaderError(
             f"{what} names a home folder that does not exist: {_shown(path)}."
         ) from None

@@ -963,6 +963,7 @@ def collective_diagram(
 
 
 # The colour of each kind of instruction on a timeline: communication in colour, compute grey.
+LEGEND_INCHES = 0.35  # the timeline's legend strip
 TIMELINE_COLOURS = {
     "compute": "#b7b7b7",
     "all-gather": "#3d85c6",
@@ -1034,7 +1035,8 @@ def timeline(ops, kinds, *, title: str | None = None):
     title = _title(title)
     devices = sorted({op.device for op in ops})
     origin = min(op.start for op in ops)
-    fig, ax = plt.subplots(figsize=(9, 0.35 * len(devices) + 1.4))
+    height = 0.35 * len(devices) + 1.4 + LEGEND_INCHES
+    fig, ax = plt.subplots(figsize=(9, height))
     for row, device in enumerate(devices):
         by_kind: dict[str, list[tuple[float, float]]] = {}
         for op in ops:
@@ -1048,8 +1050,9 @@ def timeline(ops, kinds, *, title: str | None = None):
     ax.set_xlabel("milliseconds from the step's first instruction")
     shown = ["compute", *sorted(set(kinds.values()) & {kinds.get(op.name) for op in ops})]
     handles = [plt.Rectangle((0, 0), 1, 1, color=TIMELINE_COLOURS[k]) for k in shown]
-    ax.legend(handles, shown, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(shown))
+    # In a strip of its own below the axis's label, which an axes' legend there would cover.
+    fig.legend(handles, shown, loc="lower center", ncol=len(shown), frameon=False)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, LEGEND_INCHES / height, 1, 1))
     return fig

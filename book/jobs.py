@@ -78,15 +78,18 @@ class SlurmJob:
                 "outputs() after it."
             )
 
-    def _read(self, path: Path) -> str:
-        """A file this job wrote, or "" while it has not (an earlier job's, a second or
+    def _read_bytes(self, path: Path) -> bytes:
+        """A file this job wrote, or nothing while it has not (an earlier job's, a second or
         more older than the submission, counts as not written)."""
         try:
             if path.stat().st_mtime < self.submitted - 1:
-                return ""
-            return slurm.read_text(path)
+                return b""
+            return path.read_bytes()
         except OSError:
-            return ""
+            return b""
+
+    def _read(self, path: Path) -> str:
+        return self._read_bytes(path).decode("utf-8", "replace")
 
     def text(self) -> str:
         return self._read(self.output_file)
@@ -104,7 +107,7 @@ class SlurmJob:
 
     def outputs(self) -> Outputs:
         """What each task has printed so far (``srun --label``'s lines, split by task)."""
-        return slurm.tasks(self.text(), self.num_tasks, self.script)
+        return slurm.tasks(self._read_bytes(self.output_file), self.num_tasks, self.script)
 
     def output(self, process: int) -> str:
         return self.outputs()[self._index(process)]

@@ -58,8 +58,8 @@ class Search:
             )
         self.regex, self.what = regex, what
         self.done = 0  # characters searched without a match, up to the end of a line
-        self.mark = ""  # the text just before done, to find it again if the window moved
-        self.head = ""  # the output's first characters, which change when the window moves
+        self.searched = ""  # those characters, to tell a grown output from a moved one
+        self.mark = ""  # their last ones, to find the place again if the window moved
         self.seen = None  # the output at the last search
         self.child: subprocess.Popen | None = None
 
@@ -78,24 +78,26 @@ class Search:
             self.child = None
 
     def __call__(self, output: str, deadline: float) -> re.Match | None:
-        # A job's output may be the last part of a longer log, which moves as it grows.
         if output == self.seen:  # (a quick comparison, even of a long log's last part)
             return None
         self.seen = output
-        before = output[max(self.done - len(self.mark), 0) : self.done]
-        if not output.startswith(self.head) or before != self.mark:  # moved or rewritten:
-            found = output.find(self.mark)  # find the place again, at the first text like
-            # it (more searched, never less), or search it all
-            self.done = found + len(self.mark) if self.mark and found >= 0 else 0
-        self.head = output[:_MARK]
+        if not output.startswith(self.searched):  # moved (a longer log's last part) or rewritten
+            # The window moved where everything up to the last text searched is text searched
+            # before: go on after it. Otherwise (a rewritten log) search it all again.
+            found = output.find(self.mark) if self.mark else -1
+            end = found + len(self.mark)
+            self.done = end if found >= 0 and self.searched.endswith(output[:end]) else 0
+            self.searched = output[: self.done]
         lines = output[self.done :].split("\n")  # the last one not yet ended, or ""
-        index = self._ask(lines, deadline)
+        printed = [line.removesuffix("\r") for line in lines]  # "\r\n" ends a line too
+        index = self._ask(printed, deadline)
         if index < 0:
             self.done = len(output) - len(lines[-1])  # a line not yet ended is searched again
-            self.mark = output[max(self.done - _MARK, 0) : self.done]
+            self.searched = output[: self.done]
+            self.mark = self.searched[-_MARK:]
             return None
         # The child tried every earlier line; searching this one takes no longer.
-        return self.regex.search(lines[index])
+        return self.regex.search(printed[index])
 
     def _ask(self, lines: list[str], deadline: float) -> int:
         if self.child is None:

@@ -36,6 +36,9 @@ FLOAT32_PEAKS = {
     "H200": {"default": 494.5e12, "HIGHEST": 67e12},
 }
 PEAK_NAMES = {"default": "TF32", "HIGHEST": "FP32"}
+# The devices (JAX's device_kind, lower case) whose peaks these are: the SXM parts only, not
+# the H100 PCIe or NVL, nor the GH200.
+DEVICE_CHIPS = {"nvidia h100 80gb hbm3": "H100", "nvidia h200": "H200"}
 
 
 class MeasurementError(ReaderError, ValueError):
@@ -140,7 +143,7 @@ class Measurement:
         """
         t = self.data["train"]
         flags = t["flags"]
-        flag = {name: int(flags[flags.index(name) + 1]) for name in flags[::2]}
+        flag = {name: int(value) for name, value in zip(flags[::2], flags[1::2])}  # last wins
         return {
             "parameters": t["parameters"],
             "batch": flag["--batch"],
@@ -181,7 +184,7 @@ def load(path: Path = RESULTS) -> Measurement | None:
     rather than failing later in a method.
     """
     given = path
-    path = validate.path(path, "path", "the --out of bench_gpu.py", error=MeasurementError)
+    path = validate.path(path, "The path", "the --out of bench_gpu.py", error=MeasurementError)
     shown = validate.describe(str(path), 120)
     try:
         found = path.stat()  # a pipe or /dev/zero would be read forever, a run is 14 kB
@@ -217,7 +220,8 @@ def load(path: Path = RESULTS) -> Measurement | None:
             f"the book reads runs on {' or '.join(FLOAT32_PEAKS)} only."
         )
     device = parts["kernels"].get("device_kind")
-    if isinstance(device, str) and chip not in device:  # (no device: refused below)
+    named = DEVICE_CHIPS.get(device.lower()) if isinstance(device, str) else None
+    if device is not None and named != chip:  # (no device at all: refused below)
         raise MeasurementError(
             f"{shown} holds {chip}'s peaks for a run on {validate.describe(device)}; run "
             "benchmarks/bench_gpu.py again, or load the stored one."
@@ -231,6 +235,7 @@ def load(path: Path = RESULTS) -> Measurement | None:
             "reading its fields); run it again, or load the stored one."
         ) from None
     odd = next((v for v in _numbers(read) if not _plain_number(v)), None)
+    odd = next(_not_numbers(read), odd)
     if odd is not None:  # JSON allows NaN; a time, size or rate is never negative
         raise MeasurementError(
             f"{shown} holds {validate.describe(odd, 40)}, which no time, size, count or rate "
@@ -241,6 +246,19 @@ def load(path: Path = RESULTS) -> Measurement | None:
 
 
 FLAGS = {"counted_by_xla"}  # the only true-or-false fields the methods return
+TEXTS = {"dtype", "precision", "peak_name", "kernel"}  # the only text they return
+
+
+def _not_numbers(value):
+    """Each value the methods return where a number belongs that is none (a text, a list)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key not in FLAGS | TEXTS and not isinstance(item, (int, float, dict, list)):
+                yield item
+            yield from _not_numbers(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _not_numbers(item)
 
 
 def _plain_number(value) -> bool:

@@ -209,7 +209,7 @@ def _check_script(script) -> Path:
     try:
         path = Path(text).expanduser().resolve()
         found = path.is_file()
-    except (OSError, RuntimeError) as err:  # a name too long, or ~user of no such user
+    except (OSError, RuntimeError, UnicodeError) as err:  # too long, or ~user of no user
         why = getattr(err, "strerror", None) or "no such home folder"
         raise ReaderError(
             f"The script's path {validate.describe(text, 120)} cannot be read ({why}); check "
@@ -491,8 +491,9 @@ _GLOO_NOTICE = re.compile(
 )
 
 
-def _read(path: Path, limit: int = OUTPUT_BYTES) -> str:
-    """A worker's file as text: its last ``limit`` bytes, with a note of what was left out."""
+def _read(path: Path, limit: int = OUTPUT_BYTES, note: bool = True) -> str:
+    """A worker's file as text: its last ``limit`` bytes, with a note of what was left out
+    (not with ``note=False``, for a search of what the worker printed)."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -514,7 +515,7 @@ def _read(path: Path, limit: int = OUTPUT_BYTES) -> str:
         text, found = _GLOO_NOTICE.subn("", text)
         if not found:
             break
-    if dropped:
+    if dropped and note:
         text = f"[{dropped:,} earlier bytes of output left out]\n{text}"
     return text
 
@@ -737,14 +738,15 @@ class Job:
         i = self._index(process)
         regex = validate.pattern(pattern)
         self._still_running("wait_for")
+        printed = self.folder / f"{i}.out"
         with linesearch.Search(regex, f"process {i}'s output") as search:
             while True:
-                found = search(self.output(i), self.deadline)
+                found = search(_read(printed, note=False), self.deadline)
                 if found:
                     return found
                 self._check(stop_at_failure=True)
                 if all(code is not None for code in self.exit_codes()):
-                    found = search(self.output(i), self.deadline)  # its last lines
+                    found = search(_read(printed, note=False), self.deadline)  # its last lines
                     if found:
                         return found
                     raise WorkerError(

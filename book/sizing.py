@@ -338,7 +338,8 @@ def _gpu(name, page, hbm, hbm_bandwidth):
 
 # Published figures, not measured here: per chip, dense bfloat16 FLOP/s and HBM bytes; per
 # link kind, the bytes per second one chip sends along one mesh axis and a hop's latency.
-# HBM as the vendors' pages write it, in GB, read as 10**9 bytes (the smaller reading of GB);
+# HBM as the vendors' pages write it, in GB read as 10**9 bytes (the smaller reading of GB),
+# or in GiB where a page says GiB (v5p's);
 # HBM bandwidth likewise, GB/s or TB/s read as 10**9 or 10**12 bytes per second.
 # "H100" and "H200" are the SXM parts of NVIDIA's HGX boards, whose figures these are.
 HARDWARE = {
@@ -360,14 +361,14 @@ HARDWARE = {
         "TPU v5p",
         "https://cloud.google.com/tpu/docs/v5p",
         459,
-        95e9,
+        95 * 2**30,
         1200e9,
         6,
         6144,
         6144 * 50e9,  # 50 Gb/s per chip
         2765e9,
-        "HBM 95 GB read as 95e9 bytes, the smaller reading; the scaling book's table "
-        "gives 96 GB (tpus.md)",
+        "HBM 95 GiB, as the page's table gives it in GiB (the chip has 96 GiB, the page "
+        "notes); the scaling book's table gives 96 GB (tpus.md)",
     ),
     "TPU v6e": _tpu(
         "TPU v6e",

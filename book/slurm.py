@@ -37,7 +37,7 @@ ENDED = {
 }
 USABLE = {"idle", "mix"}  # node states (sinfo's %t) with CPUs free for a new job
 _POLL_SECONDS = 0.2
-_LABEL = re.compile(r"^(\d{1,9}): ?(.*)$")
+_LABEL = re.compile(rb"^ *(\d{1,9}): ?(.*)$")  # with 10 tasks or more, labels are padded
 SRUN_PIECE = 1024  # bytes: srun --label prints a longer line as labelled pieces this long
 
 # Gloo announces each connection on stdout, from one thread per local device at once, and
@@ -123,6 +123,7 @@ def _started(command: list[str], timeout: float):
         program = validate.describe(program, 60)
     try:
         done = subprocess.run(command, capture_output=True, timeout=timeout)
+        done.output = done.stdout  # the bytes, for tasks() to join srun's pieces as bytes
         done.stdout, done.stderr = _text(done.stdout), _text(done.stderr)
         return done
     except FileNotFoundError:
@@ -181,7 +182,7 @@ def step(command: list[str], num_tasks: int = 2, timeout: float = 120) -> Output
             f"{done.returncode}; fix the error at the end of its output:\n"
             f"{tail(done.stdout + done.stderr)}"
         )
-    return tasks(done.stdout, num_tasks, script)
+    return tasks(done.output, num_tasks, script)
 
 
 def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> dict:
@@ -290,6 +291,7 @@ def read_text(path) -> str:
     return _text(Path(path).read_bytes())
 
 
+
 def _text(data) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
 
@@ -331,41 +333,43 @@ def cancel(job_id) -> None:
         ) from None
 
 
-def tasks(text: str, num_tasks: int, script: str = "") -> Outputs:
+def tasks(text: str | bytes, num_tasks: int, script: str = "") -> Outputs:
     """What each task of a step printed, from ``srun --label`` output: one text per task.
 
     Lines without a task's label (Slurm's own notices, a batch script's echo) are left out, and
-    so are Gloo's connection notices, as ``book.multihost.launch`` leaves them out.
+    so are Gloo's connection notices, as ``book.multihost.launch`` leaves them out. srun labels
+    each 1,024 bytes of a longer line as a line of its own (a line of exactly 1,024 bytes is
+    followed by an empty piece): the pieces are joined again, as bytes, so that a character
+    cut in two is whole again; pass the output as bytes for that.
     """
-    text = validate.text(text, "the output", example="'0: ...'", limit=2**31, empty=True)
+    if isinstance(text, bytes):
+        data = text
+    else:
+        text = validate.text(text, "the output", example="'0: ...'", limit=2**31, empty=True)
+        data = text.encode("utf-8", "surrogatepass")
     num_tasks = validate.whole(num_tasks, "num_tasks", high=validate.MAX_DEVICES, example=2)
-    lines: list[list[str]] = [[] for _ in range(num_tasks)]
+    pieces: list[list[bytes]] = [[] for _ in range(num_tasks)]
     going_on = [False] * num_tasks  # the task's last piece was cut where srun cuts
     # Lines end at "\n" only: a task may print "\u2028" or "\f" inside a line of its own.
-    for line in text.removesuffix("\n").split("\n") if text else []:
-        found = _LABEL.match(line.removesuffix("\r"))
+    for line in data.removesuffix(b"\n").split(b"\n") if data else []:
+        found = _LABEL.match(line)
         if found and int(found.group(1)) < num_tasks:
             task, piece = int(found.group(1)), found.group(2)
+            cut = len(piece) == SRUN_PIECE  # before a "\r" that ends the line is taken off
+            piece = piece if cut else piece.removesuffix(b"\r")
             if going_on[task]:
-                lines[task][-1] += piece
+                pieces[task][-1] += piece
             else:
-                lines[task].append(piece)
-            going_on[task] = _cut(piece)
+                pieces[task].append(piece)
+            going_on[task] = cut
     texts = []
-    for task in lines:
+    for task in pieces:
+        task = [piece.decode("utf-8", "replace") for piece in task]
         if any("[Gloo]" in line for line in task):  # only then can a line be a notice's piece
             noise = _notices(task)
             task = [_without_leading_pieces(x) for i, x in enumerate(task) if i not in noise]
         texts.append("".join(line + "\n" for line in task if line.strip()))
     return Outputs(texts, script)
-
-
-def _cut(piece: str) -> bool:
-    """Whether srun cut this piece of a longer line: it labels each 1,024 bytes of a line as
-    a line of its own (and a line of exactly 1,024 bytes is followed by an empty piece). A
-    character cut in two was read as one to three replacement characters."""
-    size = len(piece.encode("utf-8", "replace"))
-    return size == SRUN_PIECE or (piece.endswith("\ufffd") and SRUN_PIECE < size <= 1026)
 
 
 def _without_leading_pieces(line: str) -> str:

@@ -452,27 +452,39 @@ def path(value, what: str, example: str, *, error: type[ReaderError] = ReaderErr
         raise error(f"{what} holds a NUL character, which no path can; check the path.")
     try:
         return Path(text).expanduser()  # ~/runs: the home folder's, as a shell reads it
-    except RuntimeError:  # ~nobody: no such user
+    except (RuntimeError, UnicodeError):  # ~nobody: no such user (or no name a user has)
         raise error(f"{what} names a home folder that does not exist: {describe(text)}.") from None
 
 
 def matches_newline(regex) -> bool:
-    """Whether a compiled pattern needs a newline: one written in any form (\\n, \\x0a,
-    \\012, \\N{LINE FEED}), or a class of nothing else, which no single line holds."""
+    """Whether a compiled pattern needs a newline, which no single line holds: one written in
+    any form (\\n, \\x0a, \\012, \\N{LINE FEED}, a class of nothing else), or one a lookaround,
+    an atomic group or both arms of a conditional need."""
+    c = _re_constants
+
+    def only_newline(items) -> bool:
+        return bool(items) and all(
+            (op is c.LITERAL and arg == 10) or (op is c.RANGE and arg == (10, 10))
+            for op, arg in items
+        )
 
     def needs(parsed) -> bool:
         for op, arg in parsed:
-            if op is _re_constants.LITERAL and arg == 10:
+            if (op is c.LITERAL and arg == 10) or (op is c.IN and only_newline(arg)):
                 return True
-            if op is _re_constants.IN and arg == [(_re_constants.LITERAL, 10)]:
+            if op is c.SUBPATTERN or op is c.ASSERT:  # a group, or a lookahead or lookbehind
+                if needs(arg[-1]):
+                    return True
+            if op is c.ATOMIC_GROUP and needs(arg):
                 return True
-            if op is _re_constants.SUBPATTERN and needs(arg[-1]):
-                return True
-            if op in (_re_constants.MAX_REPEAT, _re_constants.MIN_REPEAT, _POSSESSIVE):
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, _POSSESSIVE):
                 if arg[0] > 0 and needs(arg[2]):
                     return True
-            if op is _re_constants.BRANCH and all(needs(b) for b in arg[1]):
+            if op is c.BRANCH and all(needs(b) for b in arg[1]):
                 return True
+            if op is c.GROUPREF_EXISTS and arg[2] is not None:  # (?(1)yes|no)
+                if needs(arg[1]) and needs(arg[2]):
+                    return True
         return False
 
     return needs(_re_parser.parse(regex.pattern, regex.flags))

@@ -239,3 +239,23 @@ def test_dropout_on_a_data_axis_is_refused_until_rows_fold_in_their_index():
     step, args = pipeline.make_pipeline(cfg, params, mesh, tokens, tokens, 4, dropout=0.1)
     with pytest.raises(AssertionError, match="fold in the data row"):
         step(*args)
+
+
+@pytest.mark.parametrize("rate", [1.0, -0.5, float("nan")])
+def test_a_dropout_rate_outside_zero_to_one_is_refused(rate):
+    from book.lessons import transformer
+
+    cfg = transformer.Config(n_layers=8)
+    mesh = jax_mesh_of_stages()
+    tokens = np.zeros((8, 8), np.int32)
+    with pytest.raises(ValueError, match="dropout is a rate from 0 up to 1"):
+        pipeline.make_pipeline(
+            cfg, transformer.init_params(cfg), mesh, tokens, tokens, 4, dropout=rate
+        )
+
+
+def jax_mesh_of_stages():
+    import jax
+    from jax.sharding import AxisType
+
+    return jax.make_mesh((8,), ("stage",), axis_types=(AxisType.Explicit,))

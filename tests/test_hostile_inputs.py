@@ -1427,7 +1427,20 @@ def test_patterns_that_cannot_wait_for_a_line_are_refused(tmp_path, pattern, wor
         one_sentence(caught.value)
 
 
-@pytest.mark.parametrize("written", [r"loss\x0a", r"loss\012", r"\N{LINE FEED}x", "a[\n]b"])
+@pytest.mark.parametrize(
+    "written",
+    [
+        r"loss\x0a",
+        r"loss\012",
+        r"\N{LINE FEED}x",
+        "a[\n]b",
+        r"step 10(?=\n)",
+        r"(?<=\n)step 10",
+        r"step 10(?>\n)",
+        r"(x)?step 10(?(1)\n|\n)",
+        r"step 10[\n-\n]",
+    ],
+)
 def test_a_newline_written_any_way_is_refused_and_an_escaped_backslash_is_not(written):
     import re
 
@@ -1450,6 +1463,39 @@ def test_a_log_rewritten_from_its_start_is_searched_again():
         assert search(head + "warmup line\n" * 100, time.monotonic() + 30) is None
         found = search(head + "step 1500 loss 0.1\n", time.monotonic() + 30)
     assert found.group() == "step 1500 "
+
+
+def test_a_log_rewritten_with_its_old_end_still_in_it_is_searched_again():
+    from book import linesearch, validate
+
+    head = "=" * 250 + " starting\n"
+    steps = [f"step {i} loss 0.{i:04d}\n" for i in range(1, 21)]
+    old = head + "".join(steps)
+    new = head + "resumed from step 10\n" + "".join(steps[10:])  # the same last 200 characters
+    with linesearch.Search(validate.pattern(r"^resumed"), "the log") as search:
+        assert search(old, time.monotonic() + 30) is None
+        assert search(new, time.monotonic() + 30).group() == "resumed"
+
+
+def test_a_line_ending_in_a_carriage_return_and_newline_ends_at_the_newline():
+    from book import linesearch, validate
+
+    with linesearch.Search(validate.pattern(r"step 7 ok$"), "the log") as search:
+        assert search("step 7 ok\r\n", time.monotonic() + 30).group() == "step 7 ok"
+
+
+def test_the_note_of_output_left_out_is_not_searched(tmp_path):
+    from book import multihost
+
+    script = tmp_path / "big.py"
+    script.write_text(
+        "import sys, time\n"
+        "sys.stdout.write(''.join(f'step {i} loss 0.5\\n' for i in range(20000)))\n"
+        "print('wrote 12,345 bytes', flush=True)\ntime.sleep(30)\n"
+    )
+    with multihost.start(script, num_processes=1, timeout=60) as job:
+        assert job.wait_for(r"bytes").string == "wrote 12,345 bytes"
+        assert "earlier bytes of output left out" in job.output(0)
 
 
 def test_a_last_look_after_the_deadline_is_no_slow_pattern():
@@ -1475,6 +1521,55 @@ def test_a_run_edited_to_be_rated_against_the_wrong_peak_is_refused(tmp_path, ed
     with pytest.raises(ReaderError, match="is not a run as|peaks for a run on") as caught:
         measured.load(edited)
     one_sentence(caught.value)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("device_kind", "NVIDIA H100 PCIe"),
+        ("device_kind", "NVIDIA GH200 480GB"),
+        ("device_kind", ["NVIDIA H100 80GB HBM3"]),
+        ("median_s", "1"),
+    ],
+)
+def test_a_run_edited_to_another_device_or_a_text_time_is_refused(tmp_path, field, value):
+    import json
+
+    from book import measured
+
+    data = json.loads(measured.RESULTS.read_text())
+    if field == "device_kind":
+        data["kernels"]["device_kind"] = value
+        if "GH200" in str(value):
+            data["machine"]["peaks"]["chip"] = "H200"
+    else:
+        data["kernels"]["rows"][0][field] = value
+    edited = tmp_path / "run.json"
+    edited.write_text(json.dumps(data))
+    with pytest.raises(ReaderError, match="peaks for a run on|which no time") as caught:
+        measured.load(edited)
+    one_sentence(caught.value)
+
+
+def test_a_flag_given_twice_counts_as_argparse_counts_it(tmp_path):
+    import json
+
+    from book import measured
+
+    data = json.loads(measured.RESULTS.read_text())
+    data["train"]["flags"] += ["--batch", "64"]
+    edited = tmp_path / "run.json"
+    edited.write_text(json.dumps(data))
+    assert measured.load(edited).step()["batch"] == 64
+
+
+def test_a_home_folder_no_user_can_have_is_named():
+    from book import measured, trace
+
+    for call in (lambda: measured.load("~\ud800/run.json"), lambda: trace.read("~\ud800")):
+        with pytest.raises(ReaderError, match="names a home folder that does not exist") as caught:
+            call()
+        one_sentence(caught.value)
 
 
 def test_a_home_folder_path_is_expanded_for_a_measurement(tmp_path, monkeypatch):

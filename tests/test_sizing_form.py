@@ -12,7 +12,7 @@ from book.forms import sizing as form
 def test_render_shows_memory_and_the_bound():
     page = form.render_sizing("Llama 3 70B", "TPU v5p", "FSDP x TP, SP", "1024")
     assert "Llama 3 70B on 1,024 TPU v5p chips, FSDP x TP, SP (fsdp=128, tp=8)" in page
-    assert "The counted state and activations fit in its 95 GB of HBM (88.5 GiB)" in page
+    assert "The counted state and activations fit in its 102 GB of HBM (95.0 GiB)" in page
     assert "GiB per device" in page and "MFU at most" in page
     assert "(ICI)" in page and "bk-viz bk-error" not in page
 

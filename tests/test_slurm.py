@@ -90,10 +90,28 @@ def test_a_long_line_srun_prints_in_pieces_is_one_line_again(size):
     assert outputs[0] == line.decode() + "\nafter\n" and outputs[1] == "before\na\n"
 
 
-def test_a_character_srun_cuts_in_two_keeps_the_line_whole():
+def test_a_character_srun_cuts_in_two_is_whole_again():
     line = "a" * 1023 + "\u00e9 step 7"  # the cut falls inside the two bytes of the e
-    text = srun_labelled(0, line.encode()).decode("utf-8", "replace")
-    assert book.slurm.tasks(text, 1)[0] == "a" * 1023 + "\ufffd\ufffd step 7\n"
+    assert book.slurm.tasks(srun_labelled(0, line.encode()), 1)[0] == line + "\n"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [b"w" * 1022 + b"\xe9", b"w" * 1021 + b"\xff", b"z" * 1023 + b"\r"],  # not cut by srun
+)
+def test_a_line_shorter_than_a_piece_is_not_joined_to_the_next(first):
+    text = srun_labelled(0, first) + srun_labelled(0, b"next line")
+    assert book.slurm.tasks(text, 1)[0].endswith("\nnext line\n")
+
+
+def test_a_carriage_return_that_srun_cut_stays_in_its_line():
+    line = b"z" * 1023 + b"\rstep 7 ok"  # the "\r" is the piece's last byte
+    assert book.slurm.tasks(srun_labelled(0, line), 1)[0] == line.decode() + "\n"
+
+
+def test_padded_labels_of_ten_tasks_or_more_are_read():
+    text = "".join(f"{i:>2}: hi {i}\n" for i in range(12))
+    assert list(book.slurm.tasks(text, 12)) == [f"hi {i}\n" for i in range(12)]
 
 
 def test_a_carriage_return_ends_no_line_of_a_jobs_output(tmp_path):

@@ -280,6 +280,8 @@ def make_pipeline(
     tokens, targets: (batch, seq), cut into m microbatches of batch // m sequences.
     dropout: a rate above 0 adds dropout's key, replicated, as the step's last argument.
     """
+    if not 0 <= dropout < 1:  # 1 keeps nothing (NaN gradients), nan or < 0 is no rate
+        raise ValueError(f"dropout is a rate from 0 up to 1, not {dropout}")
     p = mesh.shape["stage"]
     axes = tuple(axis for axis in INNER_AXES if axis in mesh.axis_names)
     specs = param_specs(mesh)
