@@ -249,16 +249,20 @@ def batch_script() -> str:
     return script
 
 
+SAVED = "preempted at step 8: checkpoint written, exiting\n"
+
+
 @pytest.mark.parametrize(
-    "earlier, printed, requeued",
+    "earlier, printed, at_limit, requeued",
     [
-        ("", "step 7\npreempted at step 8: checkpoint written, exiting\n", True),
-        ("", "step 8000 | loss 1.0\n", False),  # finished: nothing to requeue
-        ("preempted at step 8: checkpoint written, exiting\n", "step 9000\n", False),
+        ("", "step 7\n" + SAVED, True, True),  # saved at the time limit
+        ("", "step 7\n" + SAVED, False, False),  # saved earlier: preempted, or stopped by hand
+        ("", "step 8000 | loss 1.0\n", True, False),  # finished: nothing to requeue
+        (SAVED, "step 9000\n", True, False),  # an earlier attempt's line
     ],
 )
-def test_the_batch_script_requeues_only_an_attempt_that_saved_and_stopped(
-    tmp_path, earlier, printed, requeued
+def test_the_batch_script_requeues_only_an_attempt_that_saved_at_its_limit(
+    tmp_path, earlier, printed, at_limit, requeued
 ):
     # srun prints the attempt's lines, then a megabyte more (other tasks' lines): a grep
     # that stops at its first match must not fail the pipeline it reads (set -o pipefail).
@@ -274,7 +278,11 @@ def test_the_batch_script_requeues_only_an_attempt_that_saved_and_stopped(
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "STAND_IN_PRINTS": printed}
     env.update(SLURM_JOB_NAME="run", SLURM_JOB_ID="7")
     script = tmp_path / "job.sh"
-    script.write_text(batch_script())
+    text = batch_script()
+    if at_limit:  # as if the attempt had run its whole allowance
+        assert text.count("limit=$((24 * 3600))") == 1
+        text = text.replace("limit=$((24 * 3600))", "limit=0")
+    script.write_text(text)
     with open(tmp_path / "run-7.out", "a") as out:
         done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, stdout=out)
     assert done.returncode == 0
