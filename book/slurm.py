@@ -291,7 +291,6 @@ def read_text(path) -> str:
     return _text(Path(path).read_bytes())
 
 
-
 def _text(data) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
 

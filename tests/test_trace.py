@@ -283,8 +283,11 @@ def test_timeline_draws_one_row_per_device_coloured_by_kind():
     fig = display.timeline(ops, kinds, title="t")
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["device 0", "device 1"]
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["compute", "all-gather", "reduce-scatter"]
+    (legend,) = fig.legends  # the figure's, in a strip below the axis's label
+    assert [t.get_text() for t in legend.get_texts()] == ["compute", "all-gather", "reduce-scatter"]
+    fig.canvas.draw()  # lays out the label where it will be drawn
+    label = ax.xaxis.label.get_window_extent()
+    assert legend.get_window_extent().y1 <= label.y0  # below the label, not over it
     colours = {tuple(np.round(c.get_facecolor()[0][:3], 3)) for c in ax.collections}
     want = {
         tuple(np.round(matplotlib.colors.to_rgb(display.TIMELINE_COLOURS[k]), 3))
