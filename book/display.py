@@ -534,8 +534,12 @@ def mesh_text(shape) -> str:
     if not shape:
         raise DisplayError("The mesh's shape is empty; give one size per axis, such as (2, 4).")
     words = f"{shape[0]}-device" if len(shape) == 1 else "x".join(map(str, shape))
-    # 'an' before the numbers said with a vowel first: eight, eighty..., eleven, eighteen.
-    article = "an" if re.match(r"8|1[18](?!\d)", words) else "a"
+    # 'an' before the numbers said with a vowel first: eight, eighty, eight hundred, eleven,
+    # eighteen, and those thousands or millions of them. The leading group of three digits
+    # is what is said first (11,000: eleven thousand; 110: a hundred and ten).
+    first = str(shape[0])
+    lead = first[: len(first) % 3 or 3]
+    article = "an" if lead.startswith("8") or lead in ("11", "18") else "a"
     return f"{article} {words} mesh"
 
 
@@ -815,25 +819,63 @@ def _reduced_parts(before, after, reduce, groups):
                 f"The inputs reduced together have shapes {sorted(shapes)}; give the devices "
                 "of a group blocks of one shape."
             )
-        total = fn(np.stack([before[k][1] for k in members]), axis=0)
+        totals = _group_results(np.stack([before[k][1] for k in members]), fn)
         for rank, d in enumerate(members):
             a = after[d][1]
-            if a.shape == total.shape and np.allclose(a, total):
-                parts[d] = (g, total, "all")
-                continue
-            for dim in range(total.ndim):
-                if total.shape[dim] % len(members):
-                    continue
-                piece = np.split(total, len(members), axis=dim)[rank]
-                if piece.size == a.size and np.allclose(piece.reshape(a.shape), a):
-                    parts[d] = (g, total, f"part {rank} of dim {dim}")
-                    break
-            else:
+            parts[d] = next(
+                (
+                    (g, total, kept)
+                    for total in totals  # the first way of adding that gives what d holds
+                    for kept, piece in _kept_parts(total, len(members), rank)
+                    if piece.size == a.size and _near(a, piece.reshape(a.shape), len(members))
+                ),
+                None,
+            )
+            if parts[d] is None:
                 raise DisplayError(
                     f"{after[d][0]} holds {_inline_text(a)!r}, which is neither the {reduce} of "
                     "its group's inputs nor an even part of it."
                 )
     return symbol, parts
+
+
+def _kept_parts(total: np.ndarray, n: int, rank: int):
+    """What a device of rank ``rank`` among ``n`` may keep of a group's result: all of it, or
+    its even part along one dimension."""
+    yield "all", total
+    for dim in range(total.ndim):
+        if total.shape[dim] % n == 0:
+            yield f"part {rank} of dim {dim}", np.split(total, n, axis=dim)[rank]
+
+
+def _group_results(stack: np.ndarray, fn) -> list[np.ndarray]:
+    """A group's reduction as a collective may compute it, in the blocks' type: added in a
+    wider type and rounded (as XLA's CPU all-reduce does for bfloat16), or added in the
+    blocks' own type, which can wrap (integers) or overflow (float16)."""
+    wide = validate.widened(stack)
+    if np.issubdtype(wide.dtype, np.integer) or wide.dtype == bool:
+        wide = wide.astype(np.int64)
+    elif not np.issubdtype(wide.dtype, np.complexfloating):
+        wide = wide.astype(np.float64)
+    with np.errstate(all="ignore"):
+        found = [fn(wide, axis=0).astype(stack.dtype)]
+        try:
+            found.append(np.asarray(fn(stack, axis=0, dtype=stack.dtype)))
+        except (TypeError, ValueError):  # a type NumPy cannot add in
+            pass
+    return found
+
+
+def _near(a: np.ndarray, b: np.ndarray, n: int) -> bool:
+    """Equal, nan for nan, to what adding n blocks in another order can change: nothing for
+    integers, a few units in the last place of the type for floats."""
+    a, b = validate.widened(a), validate.widened(b)
+    if np.issubdtype(a.dtype, np.integer) or a.dtype == bool:
+        return bool(np.array_equal(a, b))
+    given = np.dtype(validate.widened(np.zeros(0, a.dtype)).dtype)
+    eps = float(np.finfo(given).eps) if given.kind in "fc" else 0.0
+    with np.errstate(all="ignore"):
+        return bool(np.allclose(a, b, rtol=max(1e-5, 2 * n * eps), atol=1e-8, equal_nan=True))
 
 
 def _positions(groups, n) -> list[list[int]]:
@@ -975,10 +1017,13 @@ TIMELINE_COLOURS = {
 
 
 def _finite(value) -> bool:
-    """A real number, not a flag, nan or an infinity."""
+    """A real number, not a flag, nan or an infinity (nor an integer past any float)."""
     value = validate.plain(value)
     number = isinstance(value, (int, float, np.integer, np.floating))
-    return number and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+    try:
+        return number and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+    except OverflowError:  # 10**400
+        return False
 
 
 @validate.impostors_refused
@@ -1012,6 +1057,7 @@ def timeline(ops, kinds, *, title: str | None = None):
             and isinstance(name, str)
             and _finite(op.start)
             and _finite(op.duration)
+            and op.duration >= 0
         ):
             raise DisplayError(
                 "Each Op needs a device number, a name and a start and duration in "
@@ -1033,6 +1079,12 @@ def timeline(ops, kinds, *, title: str | None = None):
             f"{', '.join(TIMELINE_COLOURS)}."
         )
     title = _title(title)
+    # As plain Python numbers and texts: a NumPy int8 or float16 start would wrap or
+    # overflow when the origin is subtracted in its own type.
+    ops = [
+        Op(int(op.device), validate.plain(op.name), "", float(op.start), float(op.duration))
+        for op in ops
+    ]
     devices = sorted({op.device for op in ops})
     origin = min(op.start for op in ops)
     height = 0.35 * len(devices) + 1.4 + LEGEND_INCHES
@@ -1053,6 +1105,6 @@ def timeline(ops, kinds, *, title: str | None = None):
     # In a strip of its own below the axis's label, which an axes' legend there would cover.
     fig.legend(handles, shown, loc="lower center", ncol=len(shown), frameon=False)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, parse_math=False)  # a "$" is a dollar, not mathematics
     fig.tight_layout(rect=(0, LEGEND_INCHES / height, 1, 1))
     return fig

@@ -366,8 +366,10 @@ def tasks(text: str | bytes, num_tasks: int, script: str = "") -> Outputs:
         task = [piece.decode("utf-8", "replace") for piece in task]
         if any("[Gloo]" in line for line in task):  # only then can a line be a notice's piece
             noise = _notices(task)
-            task = [_without_leading_pieces(x) for i, x in enumerate(task) if i not in noise]
-        texts.append("".join(line + "\n" for line in task if line.strip()))
+            kept = [_without_leading_pieces(x) for i, x in enumerate(task) if i not in noise]
+            old = [x for i, x in enumerate(task) if i not in noise]
+            task = [x for x, was in zip(kept, old, strict=True) if x.strip() or not was.strip()]
+        texts.append("".join(line + "\n" for line in task))  # blank lines kept, as printed
     return Outputs(texts, script)
 
 

@@ -8,6 +8,7 @@ which one slow run (another process, a page fault) cannot move.
 
 from __future__ import annotations
 
+import inspect
 import math
 import statistics
 import time
@@ -69,6 +70,10 @@ def _block(result):
 
     try:
         return jax.block_until_ready(result)
+    except (ValueError, TypeError):  # a dict whose keys JAX cannot sort, as {"loss": 1, 0: 2}
+        for leaf in _arrays_in(result):
+            leaf.block_until_ready()
+        return result
     except (RecursionError, SystemError) as err:  # JAX's SystemError holds the RecursionError
         if not isinstance(err, RecursionError) and not isinstance(err.__cause__, RecursionError):
             raise
@@ -76,6 +81,22 @@ def _block(result):
         "f returned a list or dict that holds itself, or one nested too deep for JAX to wait "
         "on its arrays; return the arrays."
     )
+
+
+def _arrays_in(value, depth: int = 0):
+    """The arrays in a result JAX's pytrees refuse to walk, found by walking it here."""
+    if depth > 100:
+        raise validate.BadValue(
+            "f returned a list or dict nested too deep to wait on its arrays; return the arrays."
+        )
+    if hasattr(value, "block_until_ready"):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _arrays_in(item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _arrays_in(item, depth + 1)
 
 
 @validate.impostors_refused
@@ -90,6 +111,15 @@ def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Ti
     warmup = validate.whole(warmup, "warmup", low=0, high=1000, example=2, error=validate.BadValue)
     runs = validate.whole(runs, "runs", high=100_000, example=10, error=validate.BadValue)
     try:
+        inspect.signature(f).bind(*args, **kwargs)
+    except TypeError as err:
+        raise validate.BadValue(
+            f"f cannot be called with these arguments ({err}); pass what f takes (warmup= and "
+            "runs= are measure's own: wrap f in a lambda to give it arguments of those names)."
+        ) from None
+    except ValueError:  # a built-in without a signature to check
+        pass
+    try:
         for _ in range(warmup):
             _block(f(*args, **kwargs))
         times = []
@@ -98,7 +128,7 @@ def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Ti
             _block(f(*args, **kwargs))
             times.append(time.perf_counter() - start)
     except RuntimeError as err:
-        if "deleted" not in str(err):
+        if "Array has been deleted" not in str(err):  # JAX's words for a donated argument
             raise
         raise validate.BadValue(
             "f consumed an argument on its first call (donate_argnums deletes it), so the next "

@@ -227,3 +227,68 @@ def test_analysis_modules_import_nothing_of_the_display():
             for alias in node.names
         } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert not {"display", "forms", "book.display", "book.forms"} & imported, name
+
+
+@pytest.mark.parametrize(
+    "values, dtype, reduce",
+    [
+        ([1.0, np.nan, 3.0, 4.0], jax.numpy.float32, "sum"),
+        ([100, 100, 1, 2], jax.numpy.int8, "sum"),  # wraps round to -53
+        ([256.0, 1.0, 1.0, 1.0], jax.numpy.bfloat16, "sum"),  # added wide, then rounded
+        ([60000.0, 60000.0, 1.0, 2.0], jax.numpy.float16, "mean"),  # overflows
+    ],
+)
+def test_a_collectives_own_result_is_drawn_whatever_its_type_does(values, dtype, reduce):
+    mesh = jax.make_mesh((4,), ("i",), axis_types=(AxisType.Explicit,))
+    x = jax.device_put(jax.numpy.array(values, dtype), NamedSharding(mesh, P("i")))
+    op = jax.lax.psum if reduce == "sum" else jax.lax.pmean
+    step = jax.shard_map(lambda v: op(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    y = jax.jit(step)(x)
+    first = display.collective_diagram(x, y, reduce=reduce).text.splitlines()[0]
+    held = display._inline_text(np.asarray(y.addressable_shards[0].data))
+    assert first.endswith(f"= {held}"), (first, held)  # the total the devices hold
+
+
+def test_a_sum_the_devices_do_not_hold_is_still_refused():
+    mesh = jax.make_mesh((4,), ("i",), axis_types=(AxisType.Explicit,))
+    x = jax.device_put(jax.numpy.arange(4.0), NamedSharding(mesh, P("i")))
+    wrong = jax.device_put(jax.numpy.full(4, 7.0), NamedSharding(mesh, P("i")))
+    with pytest.raises(display.DisplayError, match="neither the sum"):
+        display.collective_diagram(x, wrong, reduce="sum")
+
+
+@pytest.mark.parametrize(
+    "size, article",
+    [(8, "an"), (11, "an"), (18, "an"), (80, "an"), (110, "a"), (800, "an"), (1100, "a")]
+    + [(11000, "an"), (18432, "an"), (11000000, "an"), (180, "a")],
+)
+def test_a_mesh_gets_the_article_its_size_is_said_with(size, article):
+    assert display.mesh_text((size,)) == f"{article} {size}-device mesh"
+
+
+def timeline_op(start=0.0, duration=1.0, name="f"):
+    from book.trace import Op
+
+    return Op(device=0, name=name, program="p", start=start, duration=duration)
+
+
+@pytest.mark.parametrize("start, duration", [(10**400, 1.0), (0.0, -50.0)])
+def test_a_timeline_of_times_no_bar_can_show_is_refused(start, duration):
+    with pytest.raises(display.DisplayError, match="start and duration"):
+        display.timeline([timeline_op(start, duration)], {})
+
+
+def test_a_timeline_of_numpy_starts_places_bars_in_plain_arithmetic():
+    ops = [timeline_op(np.int8(-128)), timeline_op(np.int8(127), name="g")]
+    fig = display.timeline(ops, {}, title="cost $5 and $6 per step")
+    bars = [path.vertices[:, 0].min() for c in fig.axes[0].collections for path in c.get_paths()]
+    assert sorted(bars) == pytest.approx([0.0, 0.255])  # (127 - -128) microseconds
+    assert fig.axes[0].get_title() == "cost $5 and $6 per step"
+
+
+def test_a_timeline_op_named_by_a_text_that_cannot_be_hashed_is_drawn():
+    class Name(str):
+        def __hash__(self):
+            raise RuntimeError("no hash")
+
+    display.timeline([timeline_op(name=Name("x"))], {})

@@ -235,3 +235,7 @@ def test_time_from_refuses_a_moment_that_is_no_time(tmp_path, printed):
         book.slurm.time_from({"a": run}, {"a": log}, r"fails at: (\S+)", 1, timeout=5)
     with pytest.raises(SlurmError, match="logs must be a dict"):
         book.slurm.time_from({"a": run}, {"a": 5}, r"fails at: (\S+)", 1, timeout=5)
+
+
+def test_a_tasks_blank_lines_are_kept_as_printed():
+    assert book.slurm.tasks(b"0: a\n0: \n0:    \n0: b\n", 1)[0] == "a\n\n   \nb\n"

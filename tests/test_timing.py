@@ -109,3 +109,33 @@ def test_measure_names_a_donated_argument():
 
     with pytest.raises(ReaderError, match="donate_argnums deletes it"):
         timing.measure(jax.jit(lambda x: x * 2, donate_argnums=0), jnp.ones(3), runs=2)
+
+
+def test_a_result_dict_with_keys_jax_cannot_sort_is_waited_on():
+    import jax.numpy as jnp
+
+    x = jnp.ones(4)
+    timed = timing.measure(lambda: {"loss": x + 1, 0: x}, warmup=0, runs=2)
+    assert len(timed.runs) == 2
+
+
+@pytest.mark.parametrize(
+    "f, args, kwargs",
+    [
+        (lambda a, b: a + b, (1,), {}),
+        (lambda x, runs: x * runs, (1,), {}),  # runs= is measure's own
+        (lambda: 0, (1, 2), {}),
+    ],
+)
+def test_arguments_the_function_cannot_take_are_named_in_one_sentence(f, args, kwargs):
+    with pytest.raises(ReaderError, match="cannot be called with these arguments") as caught:
+        timing.measure(f, *args, warmup=0, runs=1, **kwargs)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_functions_own_error_about_deletion_is_its_own():
+    def f():
+        raise RuntimeError("cache entry deleted while in use")
+
+    with pytest.raises(RuntimeError, match="cache entry deleted"):
+        timing.measure(f, warmup=0, runs=1)
