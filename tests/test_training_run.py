@@ -276,7 +276,7 @@ def test_the_batch_script_requeues_only_an_attempt_that_saved_at_its_limit(
         (bin_ / tool).chmod(0o755)
     (tmp_path / "run-7.out").write_text(earlier)  # sbatch's --output, written before
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "STAND_IN_PRINTS": printed}
-    env.update(SLURM_JOB_NAME="run", SLURM_JOB_ID="7")
+    env.update(SLURM_JOB_NAME="run", SLURM_JOB_ID="7", SLURM_CPUS_PER_TASK="16")  # as sbatch sets
     script = tmp_path / "job.sh"
     text = batch_script()
     if at_limit:  # as if the attempt had run its whole allowance
