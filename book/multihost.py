@@ -266,6 +266,14 @@ def _check_args(args) -> list[str]:
     return out
 
 
+# What launch gives each worker itself, and the argument that sets it.
+_LAUNCH_OWN = {
+    "JAX_NUM_PROCESSES": "pass num_processes= instead",
+    "JAX_PROCESS_ID": "each worker gets its own index",
+    "JAX_NUM_CPU_DEVICES": "pass devices_per_process= instead",
+}
+
+
 def _check_env(env, n: int) -> list[dict[str, str | None]]:
     """Each worker's extra variables, read and checked before any worker starts."""
     if env is not None and not callable(env) and not isinstance(env, Mapping):
@@ -323,6 +331,10 @@ def _check_env(env, n: int) -> list[dict[str, str | None]]:
                 raise ReaderError(
                     f"{validate.describe(key)} is not a variable name; use names such as "
                     "'SLURM_PROCID'."
+                )
+            if key in _LAUNCH_OWN:
+                raise ReaderError(
+                    f"env cannot set {key}: launch sets it for each worker; {_LAUNCH_OWN[key]}."
                 )
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, (str, int, float))

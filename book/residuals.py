@@ -31,10 +31,16 @@ from book.errors import ReaderError
 
 # A dimension, and the mesh axes that split it where the argument has an explicit sharding:
 # f32[8@x,4], f32[8@(a,b),8].
-_DIM = r"\d{1,12}(?:@(?:[^,()\[\]@ ]{1,60}|\([^()\[\]@ ]{1,200}\)))?"
+# Axis names may hold spaces and run long (any text JAX accepts but these separators).
+_DIM = r"\d{1,12}(?:@(?:[^,()\[\]@]{1,1000}|\([^()\[\]@]{1,4000}\)))?"
 _TYPE = re.compile(
-    rf"(bool|bf16|[fiuc]\d{{1,3}}(?:_[a-z0-9]{{1,12}})?)\[((?:{_DIM}(?:,{_DIM})*)?)\]", re.ASCII
+    rf"(bool|bf16|[fiuc]\d{{1,3}}(?:_[a-z0-9]{{1,12}})?)\[((?:{_DIM}(?:,{_DIM})*)?)\]"
+    r"(?:\{[^{}]{0,4000}\})?",  # what varies over shard_map's axes: {V:data}
+    re.ASCII,
 )
+# How print_saved_residuals says where each residual came from (jax/_src/ad_checkpoint.py):
+# a line that does not say so is the traced function's own print.
+_SOURCES = ("from a literal", "from a constant", "from the argument", "named '", "output of ")
 _WHERE = re.compile(r" from \S+:\d+(?::\d+)? \((.+)\)$")
 _KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
 
@@ -83,7 +89,7 @@ def parse(text: str) -> list[Residual]:
                 f"{line[:60]!r} does not start with an array type such as f32[512,16]; pass "
                 "the text print_saved_residuals printed."
             )
-        type_text, _, source = line.partition(" ")
+        type_text, source = m.group(0), line[m.end() :].lstrip(" ")
         dims = tuple(int(d) for d in re.findall(r"(?:^|,)(\d+)", m.group(2)))
         source = _WHERE.sub(r" in \1", source)
         found.append(Residual(type_text, dims, _dtype(m.group(1)), source))
@@ -109,10 +115,17 @@ def saved(f, *args) -> list[Residual]:
         ) from None
     # What f printed itself, while traced, goes back to the reader; the residuals are parsed.
     lines = printed.getvalue().splitlines()
-    own = [line for line in lines if line.strip() and not _TYPE.match(line)]
+    kept = [line for line in lines if _residual_line(line)]
+    own = [line for line in lines if line.strip() and not _residual_line(line)]
     if own:
         print("\n".join(own))
-    return parse("\n".join(line for line in lines if _TYPE.match(line)))
+    return parse("\n".join(kept))
+
+
+def _residual_line(line: str) -> bool:
+    """Whether a printed line is print_saved_residuals' own: a type, then where it came from."""
+    m = _TYPE.match(line)
+    return m is not None and line[m.end() :].startswith(tuple(" " + s for s in _SOURCES))
 
 
 @validate.impostors_refused

@@ -15,7 +15,7 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 
-_SCRIPT = """<script>(function () {
+_SCRIPT = r"""<script>(function () {
   var root = document.currentScript.parentElement;
   var data = JSON.parse(root.querySelector("script.bk-data").textContent);
   var selects = root.querySelectorAll("select");
@@ -27,7 +27,9 @@ _SCRIPT = """<script>(function () {
     select.value = options.indexOf(keep) >= 0 ? keep : options[0];
   }
   function show() {
-    var key = Array.prototype.map.call(selects, function (s) { return s.value; }).join("|");
+    var key = Array.prototype.map.call(selects, function (s) {
+      return s.value.replace(/\\/g, "\\\\").replace(/\|/g, "\\|");
+    }).join("|");
     out.innerHTML = data.views[data.keys[key]];
   }
   function follow() {
@@ -75,18 +77,19 @@ def static_form(
     the order ``render`` takes them after it. Identical renderings are stored once.
     """
     label, options = first
+    options = [str(o) for o in options]  # what a select's value is: text
     views, index, keys, rest_options = [], {}, {}, {}
     rest_labels = None
     for value in options:
         controls = list(rest(value))
         rest_labels = rest_labels or [name for name, _ in controls]
-        rest_options[value] = [list(opts) for _, opts in controls]
+        rest_options[value] = [[str(o) for o in opts] for _, opts in controls]
         for combo in itertools.product(*rest_options[value]):
             shown = render(value, *combo)
             if shown not in index:
                 index[shown] = len(views)
                 views.append(shown)
-            keys["|".join((value, *combo))] = index[shown]
+            keys[_key((value, *combo))] = index[shown]
     data = json.dumps({"views": views, "keys": keys, "rest": rest_options})
     selects = [_select(label, options)] + [_select(name, []) for name in rest_labels or []]
     note_html = f"<div class='bk-note'>{html.escape(note)}</div>" if note else ""
@@ -96,6 +99,12 @@ def static_form(
         f"<script type='application/json' class='bk-data'>{_safe_json(data)}</script>"
         f"{_SCRIPT}</div>"
     )
+
+
+def _key(values) -> str:
+    """The choices as one text, as the page's script builds it: "|" between them, and a
+    backslash before each "|" or backslash they hold, so that no two choices share a key."""
+    return "|".join(v.replace("\\", "\\\\").replace("|", "\\|") for v in values)
 
 
 def _select(label: str, options: Sequence[str]) -> str:

@@ -307,6 +307,8 @@ def whole(
     value = scalar(value)
     if _is_text(value) and text:
         body = str.__str__(value).strip()  # the text itself, whatever a subclass redefines
+        # Leading zeros add no size: "0008" is 8 (the sign kept in front).
+        body = re.sub(r"^([+-]?)0+(?=[0-9])", r"\1", body, flags=re.ASCII)
         if not _DIGITS.fullmatch(body):
             if re.fullmatch(r"[+-]?[0-9]+", body, re.ASCII):
                 raise error(

@@ -733,3 +733,11 @@ def test_a_job_started_without_a_with_block_is_stopped_after_its_timeout(tmp_pat
         time.sleep(0.2)
     assert job.exit_codes() != [None] and job.output(0) == "up\n"
     assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("key", ["JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_NUM_CPU_DEVICES"])
+def test_env_cannot_set_what_launch_gives_each_worker(tmp_path, key):
+    script = tmp_path / "w.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(ReaderError, match=f"env cannot set {key}"):
+        book.multihost.launch(script, 2, 1, timeout=30, env={key: "1"})

@@ -69,3 +69,27 @@ def test_parse_reads_every_dtype_and_refuses_what_is_not_a_printout():
         ("float8_e5m2", 4),
         ("float4_e2m1fn", 4),
     ]
+
+
+@pytest.mark.parametrize("axis", ["a" * 61, "a b"])
+def test_residuals_of_arrays_split_over_any_axis_name_are_read(axis):
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), (axis,), axis_types=(AxisType.Explicit,))
+    y = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P(axis)))
+    (kept,) = book.residuals.saved(jnp.sin, y)
+    assert kept.shape == (8, 4) and kept.type_text == f"f32[8@{axis},4]"
+
+
+def test_a_line_the_function_prints_is_no_residual(capsys):
+    import jax.numpy as jnp
+
+    def f(x):
+        print("f32[3] is the shape I expect")
+        return jnp.sin(x)
+
+    (kept,) = book.residuals.saved(f, jnp.ones(4))
+    assert kept.shape == (4,)
+    assert "f32[3] is the shape I expect" in capsys.readouterr().out

@@ -126,6 +126,9 @@ def test_checkers_accept_the_solutions_and_name_mistakes():
     rejected(exercises.ch20_largest_batch(batch + 1, per_chip), "more than an H100's")
     rejected(exercises.ch20_largest_batch(batch - 1, per_chip), "find the largest")
     rejected(exercises.ch20_largest_batch(batch, 2 * per_chip), "per_chip")
+    coarse = jax.numpy.bfloat16(per_chip)  # right, to bfloat16's three digits
+    rejected(exercises.ch20_largest_batch(batch, coarse), "too coarse for the answer")
+    rejected(exercises.ch20_largest_batch(batch, jax.numpy.bfloat16(2 * per_chip)), "not")
     right = 2 * CFG.n_layers * cost.all_reduce_bytes(64 * CFG.d_model * 4, 8)
     assert exercises.ch20_tp_token_bytes(right).ok
     rejected(exercises.ch20_tp_token_bytes(2 * right), "training step's four")

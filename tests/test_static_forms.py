@@ -44,3 +44,20 @@ def test_form_shows_the_widget_view_and_the_twin():
     assert bundle["text/html"] == "<p>twin</p>"
     view = bundle["application/vnd.jupyter.widget-view+json"]
     assert view["model_id"] == widget.model_id and view["version_major"] == 2
+
+
+def test_choices_that_hold_the_separator_keep_keys_of_their_own():
+    page = static_forms.static_form(
+        ("n", ["x|y", "x", 3]),
+        lambda v: [("m", ["z"] if v == "x|y" else ["y|z", 4])],
+        lambda a, b: f"R({a},{b})",
+    )
+    data = data_of(page)
+    shown = {key: data["views"][i] for key, i in data["keys"].items()}
+    assert shown == {
+        "x\\|y|z": "R(x|y,z)",
+        "x|y\\|z": "R(x,y|z)",
+        "x|4": "R(x,4)",
+        "3|y\\|z": "R(3,y|z)",
+        "3|4": "R(3,4)",
+    }

@@ -231,3 +231,8 @@ def test_an_object_claiming_to_be_text_is_refused_as_what_it_is():
         with pytest.raises(ReaderError) as err:
             check()
         assert "ClaimsToBeWhole" in one_sentence(err.value)
+
+
+@pytest.mark.parametrize("typed, value", [("00000000000000000008", 8), ("+008", 8), ("000", 0)])
+def test_leading_zeros_a_reader_types_add_no_size(typed, value):
+    assert validate.whole(typed, "n", text=True, low=0) == value

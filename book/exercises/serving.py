@@ -37,10 +37,18 @@ def ch20_largest_batch(batch, per_chip):
     )
     need(batch == largest, f"Not {batch}: it fits, but so does {batch + 1}; find the largest.")
     answered(per_chip, "set per_chip to the tokens per second per chip at that batch")
+    kind = getattr(per_chip, "dtype", None)  # a bfloat16 or float16 holds 3 digits at most
     per_chip = number(per_chip, "per_chip")
     want = _plan(largest).decode_seconds("H100").per_chip
+    close = abs(per_chip - want) <= 1e-3 * want
+    coarse = kind is not None and getattr(kind, "itemsize", 8) <= 2
     need(
-        abs(per_chip - want) <= 1e-3 * want,
+        close or not coarse or abs(per_chip - want) > 1e-2 * want,
+        f"per_chip is a {kind}, too coarse for the answer ({_shown(per_chip, 1)}); pass it as "
+        "a Python float.",
+    )
+    need(
+        close,
         f"The batch is right, but per_chip is {_shown(per_chip, 1)}, not {want:,.1f}: use "
         "decode_seconds('H100').per_chip of that plan.",
     )
