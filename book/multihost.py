@@ -182,6 +182,21 @@ def worker_env(
     return env
 
 
+def script_args(doc: str, *kinds: Callable) -> list:
+    """A worker script's command-line arguments, each read by its kind (``str``, ``int``,
+    ``json.loads``...), or an exit with the script's usage line from ``doc``: one sentence,
+    not a traceback, for a command typed by hand with an argument missing or mistyped."""
+    script = Path(sys.argv[0]).name
+    usage = next((line.strip() for line in doc.splitlines() if "python " in line), script)
+    given = sys.argv[1:]
+    try:
+        if len(given) != len(kinds):
+            raise ValueError
+        return [kind(text) for kind, text in zip(kinds, given, strict=True)]
+    except (ValueError, TypeError):  # json.JSONDecodeError is a ValueError
+        sys.exit(f"{script}: give its {len(kinds)} arguments as in: {usage}")
+
+
 def tail(text: str, lines: int = TAIL_LINES) -> str:
     """The last ``lines`` lines of ``text``, indented, each cut at ``TAIL_LINE_CHARS``."""
     text = validate.text(text, "the log", example="'...'", limit=2**31, empty=True)

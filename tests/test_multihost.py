@@ -741,3 +741,34 @@ def test_env_cannot_set_what_launch_gives_each_worker(tmp_path, key):
     script.write_text("print('hi')\n")
     with pytest.raises(ReaderError, match=f"env cannot set {key}"):
         book.multihost.launch(script, 2, 1, timeout=30, env={key: "1"})
+
+
+@pytest.mark.parametrize(
+    "chapter, script, bad",
+    [
+        ("11_multi_controller", "multihost_train.py", ["data", "two", "8"]),
+        ("16_training_state", "resume_training.py", ["c", "d", "{not json"]),
+        ("17_profiling", "compile_step.py", ["cache", '{"a": 1}']),
+        ("17_profiling", "compile_step.py", []),
+    ],
+)
+def test_a_chapters_worker_script_typed_wrong_by_hand_says_how_to_call_it(
+    tmp_path, chapter, script, bad
+):
+    import json as json_
+
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / f"{chapter}.ipynb"
+    (source,) = [
+        "".join(c["source"])
+        for c in json_.loads(notebook.read_text())["cells"]
+        if "".join(c["source"]).startswith(f"%%writefile {script}")
+    ]
+    path = tmp_path / script
+    path.write_text(source.partition("\n")[2])
+    env = {**os.environ, "PYTHONPATH": str(notebook.parent.parent), "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_NUM_PROCESSES", None)
+    done = subprocess.run(
+        [sys.executable, str(path), *bad], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith(f"{script}: give its ") and "python " in done.stderr
