@@ -285,7 +285,8 @@ def _mesh_groups(axes_text: str, ids_text: str | None, selected_text: str) -> li
         m = re.fullmatch(r"'?\"?([^'\":]+)'?\"?(?::\((\d+)\)(\d+))?", item.strip())
         if m is None or m.group(1) not in names:
             raise HloError(
-                f"Cannot read the mesh axis {validate.describe(item)} in replica groups."
+                f"Cannot read the mesh axis {validate.describe(item)} in replica groups; a mesh "
+                "axis named with , : = [ ] or } cannot be read: rename the axis."
             )
         sub = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
         selected.append((names.index(m.group(1)), sub))
@@ -333,7 +334,7 @@ def _groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
         raise
     except (ValueError, IndexError, KeyError, ZeroDivisionError):
         raise HloError(
-            f"Cannot read replica groups from {validate.describe(attrs[:80], 80)}."
+            f"Cannot read replica groups from {validate.describe(attrs[:80], 80)}{_hint(attrs)}."
         ) from None
 
 
@@ -360,7 +361,16 @@ def _read_groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
     maximal = _MAXIMAL_MESH.match(rest)
     if maximal:
         return ((int(maximal.group(1)),),)
-    raise HloError(f"Cannot read replica groups from {validate.describe(rest[:80], 80)}.")
+    raise HloError(
+        f"Cannot read replica groups from {validate.describe(rest[:80], 80)}{_hint(rest)}."
+    )
+
+
+def _hint(text: str) -> str:
+    """What to change where a mesh axis's own name holds the notation's separators."""
+    if "mesh[" in text and re.search(r"'[^']*[,:}\]\[=][^']*'", text):
+        return "; a mesh axis named with , : = [ ] or } cannot be read: rename the axis"
+    return ""
 
 
 def _base_op(op: str) -> str | None:

@@ -614,3 +614,14 @@ def test_replica_groups_past_any_machine_are_refused(groups):
     wide = text.replace("f32[8]{0} all-reduce", "f32[" + "9" * 5000 + "]{0} all-reduce")
     with pytest.raises(book.hlo.HloError):
         book.hlo.collectives(wide)
+
+
+@pytest.mark.parametrize("axis", ["m,n", "m}", "x:(1)2"])
+def test_a_mesh_axis_named_with_the_notations_separators_is_named(axis):
+    mesh = jax.make_mesh((2, 4), ("x", axis), axis_types=(AxisType.Explicit,) * 2)
+    x = jax.device_put(jnp.ones((2, 8)), NamedSharding(mesh, P("x", axis)))
+    step = jax.shard_map(
+        lambda v: jax.lax.psum(v, axis), mesh=mesh, in_specs=P("x", axis), out_specs=P("x")
+    )
+    with pytest.raises(book.hlo.HloError, match="rename the axis"):
+        book.hlo.collectives(jax.jit(step).lower(x).compile())
