@@ -858,7 +858,8 @@ def _group_results(stack: np.ndarray, fn) -> list[np.ndarray]:
     elif not np.issubdtype(wide.dtype, np.complexfloating):
         wide = wide.astype(np.float64)
     with np.errstate(all="ignore"):
-        found = [fn(wide, axis=0).astype(stack.dtype)]
+        exact = np.asarray(fn(wide, axis=0))  # also as JAX gives an int mean or a bool sum
+        found = [exact.astype(stack.dtype), exact]
         try:
             found.append(np.asarray(fn(stack, axis=0, dtype=stack.dtype)))
         except (TypeError, ValueError):  # a type NumPy cannot add in
@@ -1006,6 +1007,7 @@ def collective_diagram(
 
 # The colour of each kind of instruction on a timeline: communication in colour, compute grey.
 LEGEND_INCHES = 0.35  # the timeline's legend strip
+MAX_TIMELINE_DEVICES = 256  # rows a timeline draws (a TPU v5e pod)
 TIMELINE_COLOURS = {
     "compute": "#b7b7b7",
     "all-gather": "#3d85c6",
@@ -1086,6 +1088,11 @@ def timeline(ops, kinds, *, title: str | None = None):
         for op in ops
     ]
     devices = sorted({op.device for op in ops})
+    if len(devices) > MAX_TIMELINE_DEVICES:
+        raise DisplayError(
+            f"The ops ran on {len(devices):,} devices, more rows than a timeline can show; "
+            f"pass the ops of at most {MAX_TIMELINE_DEVICES} devices."
+        )
     origin = min(op.start for op in ops)
     height = 0.35 * len(devices) + 1.4 + LEGEND_INCHES
     fig, ax = plt.subplots(figsize=(9, height))

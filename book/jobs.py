@@ -138,7 +138,7 @@ class SlurmJob:
                 if found:
                     return found
                 if self._over():
-                    found = search(self.output(process), self.deadline)  # its last lines
+                    found = search(self.output(process), self.deadline, ended=True)  # its last
                     if found:
                         return found
                     raise WorkerError(

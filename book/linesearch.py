@@ -61,6 +61,7 @@ class Search:
         self.searched = ""  # those characters, to tell a grown output from a moved one
         self.mark = ""  # their last ones, to find the place again if the window moved
         self.seen = None  # the output at the last search
+        self.settled = False  # whether that search took its last line as whole
         self.child: subprocess.Popen | None = None
 
     def __enter__(self) -> Search:
@@ -77,8 +78,13 @@ class Search:
                 pipe.close()
             self.child = None
 
-    def __call__(self, output: str, deadline: float) -> re.Match | None:
-        if output == self.seen:  # (a quick comparison, even of a long log's last part)
+    def __call__(self, output: str, deadline: float, ended: bool = False) -> re.Match | None:
+        """The first match in a line of ``output`` that has ended. A last line without its
+        newline is searched once it has stayed the same for a look (a prompt), or once the
+        program has ``ended``: while it is being written it could match in part, "step 1"
+        of "step 10"."""
+        stable = output == self.seen  # (quick, even of a long log's last part)
+        if stable and self.settled:
             return None
         self.seen = output
         if not output.startswith(self.searched):  # moved (a longer log's last part) or rewritten
@@ -90,7 +96,9 @@ class Search:
             self.searched = output[: self.done]
         lines = output[self.done :].split("\n")  # the last one not yet ended, or ""
         printed = [line.removesuffix("\r") for line in lines]  # "\r\n" ends a line too
-        index = self._ask(printed, deadline)
+        whole = ended or stable
+        index = self._ask(printed if whole else printed[:-1], deadline)
+        self.settled = whole
         if index < 0:
             self.done = len(output) - len(lines[-1])  # a line not yet ended is searched again
             self.searched = output[: self.done]

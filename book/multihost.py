@@ -193,8 +193,9 @@ def script_args(doc: str, *kinds: Callable) -> list:
         if len(given) != len(kinds):
             raise ValueError
         return [kind(text) for kind, text in zip(kinds, given, strict=True)]
-    except (ValueError, TypeError):  # json.JSONDecodeError is a ValueError
-        sys.exit(f"{script}: give its {len(kinds)} arguments as in: {usage}")
+    except (ValueError, TypeError, RecursionError):  # JSONDecodeError is a ValueError
+        count = f"{len(kinds)} arguments" if len(kinds) != 1 else "argument"
+        sys.exit(f"{script}: give its {count} as in: {usage}")
 
 
 def tail(text: str, lines: int = TAIL_LINES) -> str:
@@ -773,7 +774,8 @@ class Job:
                     return found
                 self._check(stop_at_failure=True)
                 if all(code is not None for code in self.exit_codes()):
-                    found = search(_read(printed, note=False), self.deadline)  # its last lines
+                    last = _read(printed, note=False)
+                    found = search(last, self.deadline, ended=True)  # its last line too
                     if found:
                         return found
                     raise WorkerError(

@@ -89,7 +89,7 @@ def _arrays_in(value, depth: int = 0):
         raise validate.BadValue(
             "f returned a list or dict nested too deep to wait on its arrays; return the arrays."
         )
-    if hasattr(value, "block_until_ready"):
+    if callable(getattr(value, "block_until_ready", None)):
         yield value
     elif isinstance(value, dict):
         for item in value.values():
@@ -100,7 +100,7 @@ def _arrays_in(value, depth: int = 0):
 
 
 @validate.impostors_refused
-def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Timing:
+def measure(f: Callable, /, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Timing:
     """Time ``f(*args, **kwargs)`` after ``warmup`` untimed calls, waiting for each result.
 
     The warm-up calls absorb what only a first call pays: tracing and compilation when ``f``
@@ -128,7 +128,8 @@ def measure(f: Callable, *args, warmup: int = 2, runs: int = 10, **kwargs) -> Ti
             _block(f(*args, **kwargs))
             times.append(time.perf_counter() - start)
     except RuntimeError as err:
-        if "Array has been deleted" not in str(err):  # JAX's words for a donated argument
+        said = str(err)  # JAX's words for a donated argument, or a result made of one
+        if "Array has been deleted" not in said and "deleted or donated buffer" not in said:
             raise
         raise validate.BadValue(
             "f consumed an argument on its first call (donate_argnums deletes it), so the next "

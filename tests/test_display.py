@@ -292,3 +292,23 @@ def test_a_timeline_op_named_by_a_text_that_cannot_be_hashed_is_drawn():
             raise RuntimeError("no hash")
 
     display.timeline([timeline_op(name=Name("x"))], {})
+
+
+@pytest.mark.parametrize(
+    "values, dtype, reduce",
+    [([1, 2, 3, 4], jax.numpy.int32, "mean"), ([True, True, False, True], bool, "sum")],
+)
+def test_a_reduction_jax_gives_in_another_type_is_drawn(values, dtype, reduce):
+    mesh = jax.make_mesh((4,), ("i",), axis_types=(AxisType.Explicit,))
+    x = jax.device_put(jax.numpy.array(values, dtype), NamedSharding(mesh, P("i")))
+    op = jax.lax.psum if reduce == "sum" else jax.lax.pmean
+    step = jax.shard_map(lambda v: op(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    display.collective_diagram(x, jax.jit(step)(x), reduce=reduce)  # 2.5, and 3
+
+
+def test_a_timeline_of_more_devices_than_rows_is_refused():
+    from book.trace import Op
+
+    ops = [Op(device=d, name="f", program="p", start=0.0, duration=1.0) for d in range(300)]
+    with pytest.raises(display.DisplayError, match="more rows than a timeline can show"):
+        display.timeline(ops, {})

@@ -1637,3 +1637,15 @@ def test_a_run_edited_to_hold_no_time_is_refused(tmp_path, bad):
     with pytest.raises(ReaderError, match="which no time, size|is not a run as") as caught:
         measured.load(edited)
     one_sentence(caught.value)
+
+
+def test_a_line_still_being_written_is_searched_only_once_it_stays():
+    from book import linesearch, validate
+
+    with linesearch.Search(validate.pattern(r"^step (\d+)"), "the log") as search:
+        assert search("loss\nstep 1", time.monotonic() + 30) is None  # being written
+        found = search("loss\nstep 10 loss 0.25\n", time.monotonic() + 30)
+        assert found.group() == "step 10"
+    with linesearch.Search(validate.pattern(r"ready> $"), "the log") as search:
+        assert search("ready> ", time.monotonic() + 30) is None
+        assert search("ready> ", time.monotonic() + 30).group() == "ready> "  # a prompt

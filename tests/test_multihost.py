@@ -772,3 +772,13 @@ def test_a_chapters_worker_script_typed_wrong_by_hand_says_how_to_call_it(
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith(f"{script}: give its ") and "python " in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["x.py"], ["x.py", "[" * 100_000], ["x.py", "nan?"]])
+def test_script_args_ends_a_mistyped_command_with_its_usage(monkeypatch, argv):
+    import json as json_
+
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stop:
+        book.multihost.script_args("Usage:\n\n    python x.py JSON\n", json_.loads)
+    assert str(stop.value.code) == "x.py: give its argument as in: python x.py JSON"

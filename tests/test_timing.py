@@ -139,3 +139,18 @@ def test_a_functions_own_error_about_deletion_is_its_own():
 
     with pytest.raises(RuntimeError, match="cache entry deleted"):
         timing.measure(f, warmup=0, runs=1)
+
+
+def test_a_function_with_a_parameter_named_f_is_timed():
+    timed = timing.measure(lambda f: f + 1, f=1, warmup=0, runs=2)
+    assert len(timed.runs) == 2
+
+
+def test_a_result_made_of_a_donated_buffer_is_named_in_one_sentence():
+    import jax
+    import jax.numpy as jnp
+
+    step = jax.jit(lambda x: x, donate_argnums=0)
+    x = jnp.ones(8)
+    with pytest.raises(ReaderError, match="donate_argnums"):
+        timing.measure(lambda: step(x), warmup=0, runs=3)
