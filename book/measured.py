@@ -236,6 +236,15 @@ def load(path: Path = RESULTS) -> Measurement | None:
         ) from None
     odd = next((v for v in _numbers(read) if not _plain_number(v)), None)
     odd = next(_not_numbers(read), odd)
+    if odd is None:
+        _, matmuls, _, _, step = read
+        timed = [r for r in matmuls if r["seconds"] > r["median_seconds"]]
+        if timed or min(step["batch"], step["seq"], step["microbatches"]) < 1:
+            raise MeasurementError(
+                f"{shown} holds a run no benchmark gives (a fastest time above its median, or "
+                "a batch, length or microbatch count below 1); run it again, or load the "
+                "stored one."
+            )
     if odd is not None:  # JSON allows NaN; a time, size or rate is never negative
         raise MeasurementError(
             f"{shown} holds {validate.describe(odd, 40)}, which no time, size, count or rate "

@@ -404,7 +404,8 @@ def text(
     if len(value) > limit:
         raise error(f"{called} is too long; keep it under {limit} characters.")
     if not empty and not value.strip():
-        raise error(f"{called} is empty; type one, such as {example}.")
+        blank = "empty" if not value else "only whitespace"
+        raise error(f"{called} is {blank}; type one, such as {example}.")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

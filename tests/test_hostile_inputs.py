@@ -1649,3 +1649,30 @@ def test_a_line_still_being_written_is_searched_only_once_it_stays():
     with linesearch.Search(validate.pattern(r"ready> $"), "the log") as search:
         assert search("ready> ", time.monotonic() + 30) is None
         assert search("ready> ", time.monotonic() + 30).group() == "ready> "  # a prompt
+
+
+@pytest.mark.parametrize("edit", ["batch 0", "best above median"])
+def test_a_run_no_benchmark_gives_is_refused(tmp_path, edit):
+    import json
+
+    from book import measured
+
+    data = json.loads(measured.RESULTS.read_text())
+    if edit == "batch 0":
+        flags = data["train"]["flags"]
+        flags[flags.index("--batch") + 1] = "0"
+    else:
+        row = data["kernels"]["rows"][0]
+        row["best_s"] = row["median_s"] * 2
+    edited = tmp_path / "run.json"
+    edited.write_text(json.dumps(data))
+    with pytest.raises(ReaderError, match="holds a run no benchmark gives") as caught:
+        measured.load(edited)
+    one_sentence(caught.value)
+
+
+def test_a_pattern_of_whitespace_is_called_so():
+    from book import validate
+
+    with pytest.raises(ReaderError, match="only whitespace"):
+        validate.pattern(" \t")
