@@ -1507,20 +1507,13 @@ def test_a_last_look_after_the_deadline_is_no_slow_pattern():
 
 @pytest.mark.parametrize("edit", ["float16 product", "another chip's peaks"])
 def test_a_run_edited_to_be_rated_against_the_wrong_peak_is_refused(tmp_path, edit):
-    import json
+    def change(data):
+        if edit == "float16 product":
+            data["kernels"]["rows"][0]["dtype"] = "float16"
+        else:
+            data["machine"]["peaks"]["chip"] = "H200"  # the run's device is an H100
 
-    from book import measured
-
-    data = json.loads(measured.RESULTS.read_text())
-    if edit == "float16 product":
-        data["kernels"]["rows"][0]["dtype"] = "float16"
-    else:
-        data["machine"]["peaks"]["chip"] = "H200"  # the run's device is an H100
-    edited = tmp_path / "run.json"
-    edited.write_text(json.dumps(data))
-    with pytest.raises(ReaderError, match="is not a run as|peaks for a run on") as caught:
-        measured.load(edited)
-    one_sentence(caught.value)
+    refused_run(edited_run(tmp_path, change), "is not a run as|peaks for a run on")
 
 
 @pytest.mark.parametrize(
@@ -1533,33 +1526,21 @@ def test_a_run_edited_to_be_rated_against_the_wrong_peak_is_refused(tmp_path, ed
     ],
 )
 def test_a_run_edited_to_another_device_or_a_text_time_is_refused(tmp_path, field, value):
-    import json
+    def change(data):
+        if field == "device_kind":
+            data["kernels"]["device_kind"] = value
+            if "GH200" in str(value):
+                data["machine"]["peaks"]["chip"] = "H200"
+        else:
+            data["kernels"]["rows"][0][field] = value
 
-    from book import measured
-
-    data = json.loads(measured.RESULTS.read_text())
-    if field == "device_kind":
-        data["kernels"]["device_kind"] = value
-        if "GH200" in str(value):
-            data["machine"]["peaks"]["chip"] = "H200"
-    else:
-        data["kernels"]["rows"][0][field] = value
-    edited = tmp_path / "run.json"
-    edited.write_text(json.dumps(data))
-    with pytest.raises(ReaderError, match="peaks for a run on|which no time") as caught:
-        measured.load(edited)
-    one_sentence(caught.value)
+    refused_run(edited_run(tmp_path, change), "peaks for a run on|which no time")
 
 
 def test_a_flag_given_twice_counts_as_argparse_counts_it(tmp_path):
-    import json
-
     from book import measured
 
-    data = json.loads(measured.RESULTS.read_text())
-    data["train"]["flags"] += ["--batch", "64"]
-    edited = tmp_path / "run.json"
-    edited.write_text(json.dumps(data))
+    edited = edited_run(tmp_path, lambda data: data["train"]["flags"].extend(["--batch", "64"]))
     assert measured.load(edited).step()["batch"] == 64
 
 
@@ -1624,19 +1605,32 @@ def test_sizing_refuses_top_k_without_experts_and_scale_only_floats():
         sizing.plan(m, global_batch=8, seq=4096, param_dtype=ml_dtypes.float8_e8m0fnu)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf"), 0.0, True, False])
-def test_a_run_edited_to_hold_no_time_is_refused(tmp_path, bad):
+def edited_run(tmp_path, edit):
+    """The stored GPU run, edited by ``edit(data)`` and written to a file of its own."""
     import json
 
     from book import measured
 
     data = json.loads(measured.RESULTS.read_text())
-    data["kernels"]["rows"][0]["best_s"] = bad
+    edit(data)
     edited = tmp_path / "run.json"
     edited.write_text(json.dumps(data))
-    with pytest.raises(ReaderError, match="which no time, size|is not a run as") as caught:
-        measured.load(edited)
+    return edited
+
+
+def refused_run(path, words):
+    """measured.load refuses the run at path in one sentence matching ``words``."""
+    from book import measured
+
+    with pytest.raises(ReaderError, match=words) as caught:
+        measured.load(path)
     one_sentence(caught.value)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf"), 0.0, True, False])
+def test_a_run_edited_to_hold_no_time_is_refused(tmp_path, bad):
+    edited = edited_run(tmp_path, lambda data: data["kernels"]["rows"][0].update(best_s=bad))
+    refused_run(edited, "which no time, size|is not a run as")
 
 
 def test_a_line_still_being_written_is_searched_only_once_it_stays():
@@ -1653,22 +1647,15 @@ def test_a_line_still_being_written_is_searched_only_once_it_stays():
 
 @pytest.mark.parametrize("edit", ["batch 0", "best above median"])
 def test_a_run_no_benchmark_gives_is_refused(tmp_path, edit):
-    import json
+    def change(data):
+        if edit == "batch 0":
+            flags = data["train"]["flags"]
+            flags[flags.index("--batch") + 1] = "0"
+        else:
+            row = data["kernels"]["rows"][0]
+            row["best_s"] = row["median_s"] * 2
 
-    from book import measured
-
-    data = json.loads(measured.RESULTS.read_text())
-    if edit == "batch 0":
-        flags = data["train"]["flags"]
-        flags[flags.index("--batch") + 1] = "0"
-    else:
-        row = data["kernels"]["rows"][0]
-        row["best_s"] = row["median_s"] * 2
-    edited = tmp_path / "run.json"
-    edited.write_text(json.dumps(data))
-    with pytest.raises(ReaderError, match="holds a run no benchmark gives") as caught:
-        measured.load(edited)
-    one_sentence(caught.value)
+    refused_run(edited_run(tmp_path, change), "holds a run no benchmark gives")
 
 
 def test_a_pattern_of_whitespace_is_called_so():
