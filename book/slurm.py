@@ -279,16 +279,12 @@ def _log_path(path) -> bool:
 
 
 def _read(path) -> str:
+    """A file's text with its line ends as written (a lone "\r", a progress bar's, ends no
+    line, as Python's universal newlines would make it), or "" where it cannot be read."""
     try:
-        return read_text(path)
+        return _text(Path(path).read_bytes())
     except OSError:
         return ""
-
-
-def read_text(path) -> str:
-    """A file's text with its line ends as written: a lone "\r" (a progress bar's) ends no
-    line, as Python's universal newlines would make it."""
-    return _text(Path(path).read_bytes())
 
 
 def _text(data) -> str:
