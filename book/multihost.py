@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import decimal
 import fractions
+import functools
 import os
 import random
 import re
@@ -185,17 +186,40 @@ def worker_env(
 def script_args(doc: str, *kinds: Callable) -> list:
     """A worker script's command-line arguments, each read by its kind (``str``, ``int``,
     ``json.loads``...), or an exit with the script's usage line from ``doc``: one sentence,
-    not a traceback, for a command typed by hand with an argument missing or mistyped."""
+    not a traceback, for a command typed by hand with an argument missing or mistyped. A kind
+    that raises ``ReaderError`` has its sentence printed instead of the usage line.
+
+    Run by hand with no launcher around it, the script's ``jax.distributed.initialize()``
+    finds no peers and JAX raises "coordinator_address should be defined"; from here on that
+    error ends the script with one sentence naming the launchers, not a traceback.
+    """
     script = Path(sys.argv[0]).name
     usage = next((line.strip() for line in doc.splitlines() if "python " in line), script)
     given = sys.argv[1:]
     try:
         if len(given) != len(kinds):
             raise ValueError
-        return [kind(text) for kind, text in zip(kinds, given, strict=True)]
+        values = [kind(text) for kind, text in zip(kinds, given, strict=True)]
+    except ReaderError as err:
+        sys.exit(f"{script}: {err}")
     except (ValueError, TypeError, RecursionError):  # JSONDecodeError is a ValueError
         count = f"{len(kinds)} arguments" if len(kinds) != 1 else "argument"
         sys.exit(f"{script}: give its {count} as in: {usage}")
+    sys.excepthook = functools.partial(_alone, script, sys.excepthook)
+    return values
+
+
+def _alone(script: str, hook: Callable, kind, error, trace) -> None:
+    """``sys.excepthook`` of a worker script: JAX's error for a process with no peers to join
+    becomes one sentence; every other error goes to ``hook``, as it would have."""
+    if kind is ValueError and str(error) == "coordinator_address should be defined.":
+        print(
+            f"{script}: it found no peers to join; start it with book.multihost.launch, or "
+            "with srun in a Slurm allocation.",
+            file=sys.stderr,
+        )
+    else:
+        hook(kind, error, trace)
 
 
 def tail(text: str, lines: int = TAIL_LINES) -> str:

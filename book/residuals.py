@@ -41,7 +41,11 @@ _TYPE = re.compile(
 # How print_saved_residuals says where each residual came from (jax/_src/ad_checkpoint.py):
 # a line that does not say so is the traced function's own print.
 _SOURCES = ("from a literal", "from a constant", "from the argument", "named '", "output of ")
-_WHERE = re.compile(r" from \S+:\d+(?::\d+)? \((.+)\)$")
+_PLACE = r"\S+:\d+(?::\d+)? \(([^()]*)\)"  # file:line:col (function)
+_WHERE = re.compile(rf" from {_PLACE}$")  # the last place, where a name holds one too
+# A named residual's line ends where the name's quote closes, then where it was named (or
+# "unknown", or nothing, where JAX found no frame of the reader's).
+_NAMED_LINE = re.compile(rf"named '.*' from (?:{_PLACE}|unknown)?")
 _KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
 
 
@@ -116,6 +120,13 @@ def saved(f, *args) -> list[Residual]:
     # What f printed itself, while traced, goes back to the reader; the residuals are parsed.
     lines = printed.getvalue().splitlines()
     kept = [line for line in lines if _residual_line(line)]
+    for line in kept:
+        source = line[_TYPE.match(line).end() + 1 :]
+        if source.startswith("named '") and not _NAMED_LINE.fullmatch(source):
+            raise ReaderError(
+                f"A checkpoint_name holds a line break ({source[:60]!r}...), which "
+                "print_saved_residuals' printout cannot carry; give the name on one line."
+            )
     own = [line for line in lines if line.strip() and not _residual_line(line)]
     if own:
         print("\n".join(own))

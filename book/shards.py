@@ -111,7 +111,7 @@ def blocks(given) -> list[tuple[str, np.ndarray]]:
             values = validate.widened(np.asarray(values))
         except Exception:
             values = None
-        if values is None or values.dtype.kind not in "biuf" or values.size > MAX_VALUES:
+        if values is None or values.dtype.kind not in "biufc" or values.size > MAX_VALUES:
             raise ShardError(
                 f"The block of {label} must be numbers (at most {MAX_VALUES} of them), not "
                 f"{validate.describe(item)}."

@@ -15,6 +15,8 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 
+from book.errors import ReaderError
+
 _SCRIPT = r"""<script>(function () {
   var root = document.currentScript.parentElement;
   var data = JSON.parse(root.querySelector("script.bk-data").textContent);
@@ -82,8 +84,16 @@ def static_form(
     rest_labels = None
     for value in options:
         controls = list(rest(value))
-        rest_labels = rest_labels or [name for name, _ in controls]
+        labels = [str(name) for name, _ in controls]
+        if rest_labels is not None and labels != rest_labels:
+            raise ReaderError(
+                f"rest gives {value!r} the controls {labels}, and {options[0]!r} {rest_labels}; "
+                "the page has one set of controls: give every value the same labels."
+            )
+        rest_labels = labels
         rest_options[value] = [[str(o) for o in opts] for _, opts in controls]
+        if not all(rest_options[value]):
+            raise ReaderError(f"rest gives {value!r} a control with no options; give each one.")
         for combo in itertools.product(*rest_options[value]):
             shown = render(value, *combo)
             if shown not in index:

@@ -102,3 +102,12 @@ def test_diagram_falls_back_to_text(line):
     x = blocks_of(line, 1 + np.arange(16))
     y = run(line, lambda b: jax.lax.ppermute(b, "i", [(k, (k + 1) % 8) for k in range(8)]), x)
     assert "device 7 (i=7) -> device 0 (i=0): 15 16" in repr(display.collective_diagram(x, y))
+
+
+@pytest.mark.parametrize("as_array", [np.asarray, jax.numpy.asarray])
+def test_complex_blocks_given_as_a_list_are_drawn_as_a_sharded_array_is(as_array):
+    before = [as_array(np.array([1 + 1j, 2], np.complex64)), as_array(np.array([3 - 1j, 4]))]
+    summed = display.collective_diagram(before, [before[0] + before[1]] * 2, reduce="sum")
+    assert "[(4+0j) (6+0j)]" in str(summed)
+    moves, _ = shards.trace_moves(before, before[::-1])
+    assert moves[(0, 1)] == [1 + 1j, 2] and moves[(1, 0)] == [3 - 1j, 4]

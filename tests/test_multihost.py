@@ -774,6 +774,42 @@ def test_a_chapters_worker_script_typed_wrong_by_hand_says_how_to_call_it(
     assert done.stderr.strip().startswith(f"{script}: give its ") and "python " in done.stderr
 
 
+@pytest.mark.parametrize(
+    "chapter, script, args, devices, said",
+    [
+        ("11_multi_controller", "multihost_train.py", ["data", "1", "8"], 1, "no peers"),
+        ("16_training_state", "resume_training.py", ["c", "d", '{"sizes": [8]}'], 1, "no peers"),
+        ("17_profiling", "compile_step.py", ["cache", "[8, 16, 32, 4]"], 8, "multiple of 8"),
+        ("17_profiling", "compile_step.py", ["cache", '"abcd"'], 8, "multiple of 8"),
+        ("17_profiling", "compile_step.py", ["cache", "[8, 16.0, 32, 8]"], 8, "multiple of 8"),
+    ],
+)
+def test_a_chapters_worker_script_run_by_hand_ends_in_one_sentence(
+    tmp_path, chapter, script, args, devices, said
+):
+    # Valid arguments and no launcher around it, or sizes its devices cannot split.
+    import json as json_
+
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / f"{chapter}.ipynb"
+    (source,) = [
+        "".join(c["source"])
+        for c in json_.loads(notebook.read_text())["cells"]
+        if "".join(c["source"]).startswith(f"%%writefile {script}")
+    ]
+    path = tmp_path / script
+    path.write_text(source.partition("\n")[2])
+    env = {**os.environ, "PYTHONPATH": str(notebook.parent.parent), "JAX_PLATFORMS": "cpu"}
+    env = {k: v for k, v in env.items() if not k.startswith(("JAX_NUM_PROC", "SLURM_"))}
+    env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    done = subprocess.run(
+        [sys.executable, str(path), *args], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"{script}: ") and said in line
+    assert not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize("argv", [["x.py"], ["x.py", "[" * 100_000], ["x.py", "nan?"]])
 def test_script_args_ends_a_mistyped_command_with_its_usage(monkeypatch, argv):
     import json as json_

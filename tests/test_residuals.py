@@ -93,3 +93,22 @@ def test_a_line_the_function_prints_is_no_residual(capsys):
     (kept,) = book.residuals.saved(f, jnp.ones(4))
     assert kept.shape == (4,)
     assert "f32[3] is the shape I expect" in capsys.readouterr().out
+
+
+def test_a_name_that_reads_like_a_place_keeps_its_own_place():
+    def f(v):
+        h = checkpoint_name(jnp.sin(v), "hidden from x.py:1:2 (g)")
+        return jnp.sum(h * h)
+
+    sources = [r.source for r in book.residuals.saved(f, jnp.ones((4, 3)))]
+    where = " in test_a_name_that_reads_like_a_place_keeps_its_own_place.<locals>.f"
+    assert sources == ["output of cos" + where, "named 'hidden from x.py:1:2 (g)'" + where]
+
+
+def test_a_name_holding_a_line_break_is_refused_not_read_as_two_residuals():
+    def f(v):
+        h = checkpoint_name(jnp.sin(v), "a\nf32[99] from the argument z")
+        return jnp.sum(h * h)
+
+    with pytest.raises(ReaderError, match="holds a line break"):
+        book.residuals.saved(f, jnp.ones((4, 3)))

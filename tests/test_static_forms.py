@@ -3,7 +3,10 @@
 import json
 import re
 
+import pytest
+
 from book import static_forms
+from book.errors import ReaderError
 
 
 def data_of(page):
@@ -61,3 +64,16 @@ def test_choices_that_hold_the_separator_keep_keys_of_their_own():
         "3|y\\|z": "R(3,y|z)",
         "3|4": "R(3,4)",
     }
+
+
+@pytest.mark.parametrize(
+    "rest, said",
+    [
+        (lambda v: [("chips", ["1"])] if v == "a" else [("batch", ["8"])], "same labels"),
+        (lambda v: [("chips", ["1"])] if v == "a" else [("chips", ["1"]), ("s", ["2"])], "same"),
+        (lambda v: [("chips", ["1"] if v == "a" else [])], "a control with no options"),
+    ],
+)
+def test_controls_that_differ_between_values_are_refused_not_drawn_wrong(rest, said):
+    with pytest.raises(ReaderError, match=said):
+        static_forms.static_form(("model", ["a", "b"]), rest, lambda *a: ",".join(a))

@@ -106,6 +106,16 @@ def test_a_checkpoint_that_cannot_be_restored_is_named_not_a_traceback(train_py,
     assert "Traceback" not in str(failed.value) and "delete" not in said
 
 
+def test_a_checkpoint_past_steps_is_refused_not_taken_as_done(train_py, tmp_path):
+    (tmp_path / "c" / "step_7").mkdir(parents=True)  # --steps counts the whole run
+    args = ["--steps", "4", "--checkpoint-dir", tmp_path / "c", "--compile-cache", tmp_path / "x"]
+    with pytest.raises(book.multihost.WorkerError) as failed:
+        book.multihost.launch(train_py, 1, 8, timeout=120, args=args)
+    said = str(failed.value).splitlines()[-1].strip()
+    assert failed.value.exit_code == 1 and "Traceback" not in str(failed.value)
+    assert said == f"train.py: error: {tmp_path / 'c'} is at step 7; raise --steps"
+
+
 @pytest.mark.parametrize("url", ["gs://bucket/run", "gs:/bucket/run", "s3://b"])
 def test_a_bucket_url_is_refused_as_no_folder(train, capsys, url):
     with pytest.raises(SystemExit):
