@@ -454,6 +454,24 @@ class Plan:
         return Seconds(compute, comm, kinds, bound, compute + sum(comm.values()), mfu)
 
 
+    def seconds_of(self, hardware, collectives) -> float:
+        """Seconds that ``collectives``, some of this plan's, take one after another on
+        ``hardware``, by the alpha-beta model of ``seconds``: the time a step loses where a
+        schedule leaves them nothing to overlap (DP's all-reduce waits for the last
+        microbatch's gradients, for one)."""
+        hardware = _chip(hardware)
+        chosen = validate.plain(collectives)
+        chosen = list(chosen) if isinstance(chosen, (list, tuple)) else None
+        if chosen is None or not all(
+            isinstance(c, Collective) and c in self.collectives for c in chosen
+        ):
+            raise SizingError(
+                "Pass a list of this plan's collectives (items of plan.collectives), not "
+                f"{validate.describe(collectives)}."
+            )
+        return sum(_comm_seconds(chosen, self.links(hardware), KINDS).values())
+
+
 def _torus(torus, hardware: Hardware, links: dict, layout: dict) -> dict[str, int]:
     """``torus`` checked: kinds of axis on the fast links, each over a number of dimensions."""
     if torus is None:
@@ -899,9 +917,12 @@ def plan(
             add("dp", "all-gather", f"{what} updated parameters", gathered, count, inside)
         else:
             add("dp", "all-reduce", f"{what} gradients", grads, count, inside)
-    # PP: a microbatch's activations forward and their gradients back, at every schedule step.
+    # PP: a microbatch's activations forward and their gradients back, at every schedule step;
+    # under SP each TP rank sends the part of the sequence it holds (Megatron-LM's scatter and
+    # gather), which no compiled program here checks: chapter 14's pipeline runs without SP.
     steps = v * microbatches + layout["pp"] - 1
-    add("pp", "collective-permute", "activations and their gradients", stream, 2 * steps, False)
+    boundary = stream // layout["tp"] if sequence_parallel else stream
+    add("pp", "collective-permute", "activations and their gradients", boundary, 2 * steps, False)
     # The ends, replicated over stages: the final norm's and unembedding's gradients as held,
     # and the embedded tokens' gradient, from which every stage computes the embedding's.
     head = (ends["final_norm"] + ends["unembed"]) * b["grad_dtype"]

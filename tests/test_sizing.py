@@ -383,7 +383,11 @@ def test_interleaved_1f1b_holds_chapter_14s_peak_for_a_smaller_bubble(m, p, v):
     assert bubble == pytest.approx((m + (p - 1) / v) / (m + p - 1))
     stream = 32 // m * 4096 * LLAMA_70B.d_model * 2  # a microbatch's, in bfloat16
     sends = [c for c in inter.collectives if c.op == "collective-permute"]
-    assert sum(c.sent * c.count for c in sends) == 2 * (v * m + p - 1) * stream
+    # Under SP each of the 8 TP ranks sends its eighth of the sequence.
+    assert sum(c.sent * c.count for c in sends) == 2 * (v * m + p - 1) * stream / 8
+    whole = sizing.plan(LLAMA_70B, **{**kw, "sequence_parallel": False})
+    sends = [c for c in whole.collectives if c.op == "collective-permute"]
+    assert sum(c.sent * c.count for c in sends) == 2 * (m + p - 1) * stream
     for part in ("params", "grads", "optimizer"):
         assert inter.memory[part] == one_f.memory[part]
 
@@ -498,3 +502,17 @@ def test_axes_of_one_device_or_on_slow_links_take_no_torus_dimension():
     assert named.bound == p.seconds("TPU v5e", torus={"fsdp": 1, "tp": 1}).bound
     over_dcn = sizing.plan(LLAMA_8B, tp=8, fsdp=32, dp=2, global_batch=64, seq=2048)
     assert over_dcn.seconds("TPU v5e", torus={"fsdp": 1, "tp": 1, "dp": 1}).comm["dp"] > 0
+
+
+def test_seconds_of_some_collectives_adds_their_share_of_the_axes_time():
+    p = sizing.plan(LLAMA_70B, dp=8, tp=8, pp=4, global_batch=64, seq=4096, microbatches=8)
+    s = p.seconds("H100")
+    for kind in ("dp", "tp", "pp"):
+        mine = [c for c in p.collectives if c.kind == kind]
+        assert p.seconds_of("H100", mine) == pytest.approx(s.comm[kind])
+    assert p.seconds_of("H100", list(p.collectives)) == pytest.approx(sum(s.comm.values()))
+    assert p.seconds_of("H100", []) == 0
+    other = sizing.plan(LLAMA_70B, dp=8, tp=8, pp=2, global_batch=64, seq=4096, microbatches=8)
+    for bad in (None, "dp", [1], iter(p.collectives), [other.collectives[-1]]):
+        with pytest.raises(ReaderError, match="Pass a list of this plan's collectives"):
+            p.seconds_of("H100", bad)
