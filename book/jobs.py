@@ -26,6 +26,8 @@ from book.multihost import Outputs, WorkerError, _check_args, _check_env, tail
 
 _POLL_SECONDS = 0.1
 _ASK_SECONDS = 1.0
+# A task seen running only other programs for this long was started with another script.
+_OTHER_SCRIPT_SECONDS = 10.0
 # How srun reports a task that ended badly, in the batch job's output.
 _TASK_END = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-\d+)?: (.*)$", re.M)
 _SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Terminated": signal.SIGTERM}
@@ -124,7 +126,10 @@ class SlurmJob:
             slurm.run(command)
             return shlex.join(command)
         pid = self._pid(process)
-        os.kill(pid, sig)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # the task ended (its job cancelled, or it finished)
+            return f"nothing sent: task {process}'s process {pid} had already ended"
         return f"kill -{sig.name.removeprefix('SIG')} {pid}  # task {process}'s process"
 
     def wait_for(self, pattern: str, process: int = 0) -> re.Match:
@@ -225,9 +230,20 @@ class SlurmJob:
 
     def _pid(self, process: int) -> int:
         process = self._index(process)
+        others_since = None  # when the task was first seen running something else
         while process not in self._pids:
             self._watch()
             self._check_time()  # a job still pending at its timeout is cancelled, not waited on
+            others = [p for p in _task_processes(self.id).get(process, []) if p[2]]
+            if process not in self._pids and others:
+                others_since = others_since or time.monotonic()
+                if time.monotonic() - others_since > _OTHER_SCRIPT_SECONDS:
+                    runs = others[-1][1].decode(errors="replace")
+                    raise ReaderError(
+                        f"Task {process} of job {self.id} runs {validate.describe(runs, 80)}, "
+                        f"no process of {self.script!r}; pass submit the script the batch "
+                        "script's tasks run."
+                    )
             if self._over():
                 raise WorkerError(
                     f"Job {self.id} ended before task {process} started; read why at the end "
@@ -269,8 +285,10 @@ def _batch_script(batch_script) -> str:
     return text
 
 
-def _task_pids(job_id: int, script: str) -> dict[int, int]:
-    """The processes of a job's tasks running ``script`` on this machine, by task index."""
+def _task_processes(job_id: int) -> dict[int, list[tuple[int, bytes, bool]]]:
+    """The processes of a job's tasks on this machine, by task index: (pid, command line,
+    whether a step of srun runs it). srun itself is left out: in the batch step it runs with
+    task 0's environment, as the batch script's shell does."""
     found = {}
     want = f"SLURM_JOB_ID={job_id}".encode()
     for name in os.listdir("/proc"):
@@ -279,19 +297,28 @@ def _task_pids(job_id: int, script: str) -> dict[int, int]:
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-            # The task's own process, not the srun that started it (which runs the script's
-            # name as an argument in the batch step, task 0's environment included).
-            if script.encode() not in b" ".join(argv) or os.path.basename(argv[0]) == b"srun":
+            if os.path.basename(argv[0]) == b"srun":
                 continue
             with open(f"/proc/{name}/environ", "rb") as f:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if want in env:
-            task = [e for e in env if e.startswith(b"SLURM_PROCID=")]
-            if task:
-                found[int(task[0].split(b"=", 1)[1])] = int(name)
+        task = [e for e in env if e.startswith(b"SLURM_PROCID=")]
+        if want in env and task:
+            index = int(task[0].split(b"=", 1)[1])
+            in_step = any(e.startswith(b"SLURM_STEP_ID=") for e in env)
+            found.setdefault(index, []).append((int(name), b" ".join(argv).strip(), in_step))
     return found
+
+
+def _task_pids(job_id: int, script: str) -> dict[int, int]:
+    """The processes of a job's tasks running ``script`` on this machine, by task index."""
+    return {
+        task: pid
+        for task, running in _task_processes(job_id).items()
+        for pid, command, _ in running
+        if script.encode() in command
+    }
 
 
 def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=None):
@@ -324,7 +351,13 @@ def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=Non
             )
     exports = ",".join(f"{k}={v}" for k, v in extra.items())
     name = Path(batch_script).stem
-    command = ["sbatch", "--parsable", f"--job-name={name}", f"--output={name}-%j.out"]
+    if "\\" in name:  # sbatch would then take the pattern's %j as written
+        raise ReaderError(
+            f"The batch script's name {name!r} holds a backslash, which sbatch reads in the "
+            "output file's name; rename the script."
+        )
+    pattern = name.replace("%", "%%")  # a % of the name, written as itself
+    command = ["sbatch", "--parsable", f"--job-name={name}", f"--output={pattern}-%j.out"]
     command += [f"--export=ALL{',' + exports if exports else ''}", batch_script, *args]
     submitted = time.time()
     printed = slurm.run(command).strip()

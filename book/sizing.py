@@ -453,7 +453,6 @@ class Plan:
         kinds = {k: links[k].name for k in KINDS}
         return Seconds(compute, comm, kinds, bound, compute + sum(comm.values()), mfu)
 
-
     def seconds_of(self, hardware, collectives) -> float:
         """Seconds that ``collectives``, some of this plan's, take one after another on
         ``hardware``, by the alpha-beta model of ``seconds``: the time a step loses where a

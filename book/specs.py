@@ -55,6 +55,16 @@ def _parse_sizes(text: str, what: str) -> tuple[int, ...]:
                 f"{validate.describe(text.strip(), 60)}; end it there, for example "
                 f"{_EXAMPLES[what]}."
             )
+    elif body.startswith(("(", "[")):
+        raise SpecError(
+            f"The {what} {validate.describe(text.strip(), 60)} has no closing bracket; close "
+            f"it, for example {_EXAMPLES[what]}."
+        )
+    if "**" in body:
+        raise SpecError(
+            f"The {what} {validate.describe(text.strip(), 60)} writes a power; write each size "
+            f"as a number, for example {_EXAMPLES[what]}."
+        )
     if not body.strip():  # "()": a scalar, which no split or mesh here can show
         raise SpecError(
             f"The {what} {text.strip()!r} has no sizes; give at least one, for example "

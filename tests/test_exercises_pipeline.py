@@ -259,3 +259,17 @@ def jax_mesh_of_stages():
     from jax.sharding import AxisType
 
     return jax.make_mesh((8,), ("stage",), axis_types=(AxisType.Explicit,))
+
+
+@pytest.mark.parametrize(
+    "call, said",
+    [
+        (lambda: pipeline.one_f_one_b_order(2, 3, 5), "stage 5 is not one of the 2 stages"),
+        (lambda: pipeline.item(4, 3, 2, 2, True), "m = 3 is no multiple"),
+        (lambda: pipeline.schedule(2, 2.5), "positive whole numbers"),
+        (lambda: pipeline.schedule(0, 4), "positive whole numbers"),
+    ],
+)
+def test_schedule_helpers_refuse_arguments_out_of_range(call, said):
+    with pytest.raises(ValueError, match=said):
+        call()

@@ -99,3 +99,29 @@ def test_a_job_cancelled_by_its_with_block_is_not_signalled_or_waited_for(folder
     ):
         with pytest.raises(book.jobs.ReaderError, match="ended with its with block"):
             call()
+
+
+def test_a_batch_script_named_with_a_percent_sign_has_its_output_read(folder):
+    (folder / "odd%j 50%.sbatch").write_text(BATCH)
+    job, _ = book.jobs.submit("odd%j 50%.sbatch", "task.py", [sys.executable], timeout=90)
+    with job:
+        job.wait_for(r"^task 0 started$", process=0)
+    assert job.output_file.name == f"odd%j 50%-{job.id}.out" and job.output_file.exists()
+
+
+def test_a_task_signalled_after_it_ended_is_said_to_have_ended(folder):
+    job, _ = book.jobs.submit("job.sbatch", "task.py", [sys.executable], timeout=90)
+    with job:
+        job.wait_for(r"^task 1 started$", process=1)
+        job.signal(signal.SIGKILL, process=1)
+        job.wait_for_exits()
+        assert job.signal(signal.SIGTERM, process=1).startswith("nothing sent: task 1's process")
+
+
+def test_a_script_the_tasks_do_not_run_is_named_before_the_timeout(folder):
+    job, _ = book.jobs.submit("job.sbatch", "train.py", [sys.executable], timeout=90)
+    with job:
+        job.wait_for(r"^task 0 started$", process=0)
+        with pytest.raises(book.jobs.ReaderError, match="no process of 'train.py'"):
+            job.signal(signal.SIGTERM, process=0)
+        assert book.slurm.job(job.id).get("JobState") == "RUNNING"  # not cancelled for it

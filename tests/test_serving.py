@@ -150,3 +150,16 @@ def test_the_chips_sources_say_which_reading_they_use():
     assert "96 GB" in sizing.HARDWARE["TPU v5p"].source
     for name in ("TPU v5e", "TPU v5p", "TPU v6e"):
         assert "scaling book" in sizing.HARDWARE[name].fast.source
+
+
+def test_decoding_past_the_end_of_the_cache_is_refused_not_clamped():
+    cfg = Config()
+    params = jax.tree.map(jax.numpy.asarray, init_params(cfg))
+    prompts = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
+    token, cache = serving.prefill(params, prompts, 8, cfg)
+    tokens, _ = serving.decode(params, token, cache, 4, 4, cfg)  # positions 4 to 7: room
+    assert tokens.shape == (2, 4)
+    with pytest.raises(ValueError, match="room for 4 more positions, not 5"):
+        serving.decode(params, token, cache, 4, 5, cfg)
+    with pytest.raises(ValueError, match="room for 8 more positions, not 9"):
+        jax.jit(serving.decode, static_argnums=(4, 5))(params, token, cache, 4, 9, cfg)

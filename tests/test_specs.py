@@ -198,10 +198,19 @@ def test_a_shape_without_sizes_is_named_so():
     [
         ("(8, 4)#", "Unexpected '#' after the closing bracket"),
         ("'(8, 4)'", 'Unexpected "\'"'),
-        ("(2**3, 4)", "an empty size between two separators"),
+        ("(2**3, 4)", "writes a power; write each size as a number"),
         ("(8,,4)", "an empty size between two separators"),
     ],
 )
 def test_a_stray_character_in_a_shape_is_named(text, words):
     with pytest.raises(SpecError, match=re.escape(words)):
+        parse_shape(text)
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [("(2**40, 2**40)", "writes a power"), ("(8, 4", "no closing bracket"), ("[8", "no closing")],
+)
+def test_a_shape_with_a_power_or_no_closing_bracket_is_named_so(text, said):
+    with pytest.raises(SpecError, match=said):
         parse_shape(text)

@@ -44,6 +44,8 @@ def work(t, s, m, v=1):
 
 def schedule(p, m, v=1):
     """Every stage's item at every step: an array (stages, steps), -1 where idle."""
+    if not all(type(n) is int and n > 0 for n in (p, m, v)):
+        raise ValueError(f"p, m, v must be positive whole numbers, not {p, m, v}")
     steps = v * m + p - 1
     return work(np.arange(steps)[None, :], np.arange(p)[:, None], m, v)
 
@@ -52,6 +54,8 @@ def item(k, m, v, p, depth_first=False):
     """Item k's microbatch and layer group: (k mod m, k // m), every microbatch's
     first trip before any second one; depth-first, p microbatches at a time make
     all v trips before the next p start."""
+    if depth_first and m % p:
+        raise ValueError(f"depth-first runs p = {p} at a time: m = {m} is no multiple")
     if not depth_first:
         return k % m, k // m
     return k // (v * p) * p + k % p, k % (v * p) // p
@@ -326,6 +330,8 @@ def gpipe_order(p, m, s):
 
 def one_f_one_b_order(p, m, s):
     """Stage s's work in 1F1B order: fill, then one forward and one backward, drain."""
+    if not 0 <= s < p:
+        raise ValueError(f"stage {s} is not one of the {p} stages")
     warm = min(p - s - 1, m)
     order = [("F", j) for j in range(warm)]
     for j in range(m - warm):

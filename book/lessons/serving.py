@@ -77,6 +77,9 @@ def prefill(params, prompts, length, cfg, layout=None):
 
 def decode(params, token, cache, pos, steps, cfg, layout=None):
     """`steps` greedy tokens after `token` (at pos), one per step: (tokens, cache)."""
+    room = cache["k"].shape[2] - (pos if isinstance(pos, int) else 0)  # pos: if known
+    if steps > room:  # a write past the end would land on the last position, silently
+        raise ValueError(f"the cache has room for {room} more positions, not {steps}")
 
     def step(carry, _):
         token, cache, pos = carry
