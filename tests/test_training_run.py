@@ -263,16 +263,19 @@ SAVED = "preempted at step 8: checkpoint written, exiting\n"
 
 
 @pytest.mark.parametrize(
-    "earlier, printed, at_limit, requeued",
+    "earlier, printed, at_limit, requeued, exit_code, restarts",
     [
-        ("", "step 7\n" + SAVED, True, True),  # saved at the time limit
-        ("", "step 7\n" + SAVED, False, False),  # saved earlier: preempted, or stopped by hand
-        ("", "step 8000 | loss 1.0\n", True, False),  # finished: nothing to requeue
-        (SAVED, "step 9000\n", True, False),  # an earlier attempt's line
+        ("", "step 7\n" + SAVED, True, True, 0, None),  # saved at the time limit
+        ("", "step 7\n" + SAVED, False, False, 0, None),  # saved earlier: preempted, or by hand
+        ("", "step 8000 | loss 1.0\n", True, False, 0, None),  # finished: nothing to requeue
+        (SAVED, "step 9000\n", True, False, 0, None),  # an earlier attempt's line
+        ("", "step 7\n", False, True, 1, None),  # crashed: requeued
+        ("", "step 7\n", False, True, 1, "2"),  # crashed a third time: requeued
+        ("", "step 7\n", False, False, 1, "3"),  # a fourth: left failed
     ],
 )
-def test_the_batch_script_requeues_only_an_attempt_that_saved_at_its_limit(
-    tmp_path, earlier, printed, at_limit, requeued
+def test_the_batch_script_requeues_an_attempt_that_saved_at_its_limit_or_crashed(
+    tmp_path, earlier, printed, at_limit, requeued, exit_code, restarts
 ):
     # srun prints the attempt's lines, then a megabyte more (other tasks' lines): a grep
     # that stops at its first match must not fail the pipeline it reads (set -o pipefail).
@@ -280,12 +283,17 @@ def test_the_batch_script_requeues_only_an_attempt_that_saved_at_its_limit(
     bin_.mkdir()
     (bin_ / "srun").write_text(
         "#!/bin/bash\nprintf '%s' \"$STAND_IN_PRINTS\"\nhead -c 1000000 /dev/zero | tr '\\0' x\n"
+        "exit $STAND_IN_EXITS\n"
     )
     (bin_ / "scontrol").write_text('#!/bin/bash\necho "$@" >> scontrol_calls\n')
     for tool in ("srun", "scontrol"):
         (bin_ / tool).chmod(0o755)
     (tmp_path / "run-7.out").write_text(earlier)  # sbatch's --output, written before
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "STAND_IN_PRINTS": printed}
+    env["STAND_IN_EXITS"] = str(exit_code)
+    env.pop("SLURM_RESTART_COUNT", None)
+    if restarts is not None:  # as Slurm sets it in a requeued job
+        env["SLURM_RESTART_COUNT"] = restarts
     env.update(SLURM_JOB_NAME="run", SLURM_JOB_ID="7", SLURM_CPUS_PER_TASK="16")  # as sbatch sets
     script = tmp_path / "job.sh"
     text = batch_script()
@@ -295,6 +303,6 @@ def test_the_batch_script_requeues_only_an_attempt_that_saved_at_its_limit(
     script.write_text(text)
     with open(tmp_path / "run-7.out", "a") as out:
         done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, stdout=out)
-    assert done.returncode == 0
+    assert done.returncode == exit_code
     calls = tmp_path / "scontrol_calls"
     assert (calls.read_text() == "requeue 7\n") if requeued else not calls.exists()
