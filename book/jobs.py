@@ -29,7 +29,8 @@ _ASK_SECONDS = 1.0
 # A task seen running only other programs for this long was started with another script.
 _OTHER_SCRIPT_SECONDS = 10.0
 # How srun reports a task that ended badly, in the batch job's output.
-_TASK_END = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-\d+)?: (.*)$", re.M)
+# srun's own lines start a line; a task's lines carry --label's "N: " in front.
+_TASK_END = re.compile(r"^srun: error: \S+: tasks? (\d+)(?:-\d+)?: (.*)$", re.M)
 _SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Terminated": signal.SIGTERM}
 
 
@@ -358,7 +359,8 @@ def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=Non
         )
     pattern = name.replace("%", "%%")  # a % of the name, written as itself
     command = ["sbatch", "--parsable", f"--job-name={name}", f"--output={pattern}-%j.out"]
-    command += [f"--export=ALL{',' + exports if exports else ''}", batch_script, *args]
+    as_path = os.path.join(".", batch_script) if batch_script.startswith("-") else batch_script
+    command += [f"--export=ALL{',' + exports if exports else ''}", as_path, *args]
     submitted = time.time()
     printed = slurm.run(command).strip()
     try:

@@ -191,7 +191,8 @@ def script_args(doc: str, *kinds: Callable) -> list:
 
     Run by hand with no launcher around it, the script's ``jax.distributed.initialize()``
     finds no peers and JAX raises "coordinator_address should be defined"; from here on that
-    error ends the script with one sentence naming the launchers, not a traceback.
+    error ends the script with one sentence naming the launchers, not a traceback, and so does
+    a ``ReaderError`` the script's own calls raise.
     """
     script = Path(sys.argv[0]).name
     usage = next((line.strip() for line in doc.splitlines() if "python " in line), script)
@@ -209,10 +210,18 @@ def script_args(doc: str, *kinds: Callable) -> list:
     return values
 
 
+def positive(text: str) -> int:
+    """A kind for ``script_args``: a whole number from 1, such as a count of epochs."""
+    return validate.whole(text, "a count", text=True, example=8)
+
+
 def _alone(script: str, hook: Callable, kind, error, trace) -> None:
-    """``sys.excepthook`` of a worker script: JAX's error for a process with no peers to join
-    becomes one sentence; every other error goes to ``hook``, as it would have."""
-    if kind is ValueError and str(error) == "coordinator_address should be defined.":
+    """``sys.excepthook`` of a worker script: a ``ReaderError`` (the book's one sentence) and
+    JAX's error for a process with no peers to join become one line; every other error goes to
+    ``hook``, as it would have."""
+    if issubclass(kind, ReaderError):
+        print(f"{script}: {error}", file=sys.stderr)
+    elif kind is ValueError and str(error) == "coordinator_address should be defined.":
         print(
             f"{script}: it found no peers to join; start it with book.multihost.launch, or "
             "with srun in a Slurm allocation.",

@@ -462,7 +462,8 @@ class Plan:
         chosen = validate.plain(collectives)
         chosen = list(chosen) if isinstance(chosen, (list, tuple)) else None
         if chosen is None or not all(
-            isinstance(c, Collective) and c in self.collectives for c in chosen
+            isinstance(c, Collective) and any(c is mine for mine in self.collectives)
+            for c in chosen
         ):
             raise SizingError(
                 "Pass a list of this plan's collectives (items of plan.collectives), not "

@@ -122,7 +122,10 @@ def _started(command: list[str], timeout: float):
     if len(program) > 60 or not program.isprintable():
         program = validate.describe(program, 60)
     try:
-        done = subprocess.run(command, capture_output=True, timeout=timeout)
+        # stdin closed: sbatch given no script reads one from it, and would wait here.
+        done = subprocess.run(
+            command, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
         done.output = done.stdout  # the bytes, for tasks() to join srun's pieces as bytes
         done.stdout, done.stderr = _text(done.stdout), _text(done.stderr)
         return done

@@ -15,6 +15,7 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 
+from book import validate
 from book.errors import ReaderError
 
 _SCRIPT = r"""<script>(function () {
@@ -80,6 +81,8 @@ def static_form(
     """
     label, options = first
     options = [str(o) for o in options]  # what a select's value is: text
+    if not options:
+        raise ReaderError(f"The control {label!r} has no options; give it at least one.")
     views, index, keys, rest_options = [], {}, {}, {}
     rest_labels = None
     for value in options:
@@ -96,6 +99,11 @@ def static_form(
             raise ReaderError(f"rest gives {value!r} a control with no options; give each one.")
         for combo in itertools.product(*rest_options[value]):
             shown = render(value, *combo)
+            if not isinstance(shown, str):
+                raise ReaderError(
+                    f"render gave {validate.describe(shown)} for {(value, *combo)}; return "
+                    "the view's HTML as a text."
+                )
             if shown not in index:
                 index[shown] = len(views)
                 views.append(shown)

@@ -125,3 +125,22 @@ def test_a_script_the_tasks_do_not_run_is_named_before_the_timeout(folder):
         with pytest.raises(book.jobs.ReaderError, match="no process of 'train.py'"):
             job.signal(signal.SIGTERM, process=0)
         assert book.slurm.job(job.id).get("JobState") == "RUNNING"  # not cancelled for it
+
+
+def test_a_batch_script_named_like_an_option_is_submitted(folder):
+    (folder / "-x.sbatch").write_text(BATCH)
+    job, command = book.jobs.submit("-x.sbatch", "task.py", [sys.executable], timeout=90)
+    assert "./-x.sbatch" in command
+    with job:
+        job.wait_for(r"^task 0 started$", process=0)
+
+
+def test_a_task_printing_sruns_error_text_is_not_taken_for_srun(folder):
+    (folder / "liar.py").write_text("print('srun: error: node9: task 0: Killed', flush=True)\n")
+    (folder / "liar.sbatch").write_text(
+        '#!/bin/bash\n#SBATCH --ntasks=1\n#SBATCH --time=2\nsrun --label "$1" -u liar.py\n'
+    )
+    job, _ = book.jobs.submit("liar.sbatch", "liar.py", [sys.executable], num_tasks=1, timeout=90)
+    with job:
+        assert job.wait_for_exits() == [0]
+        job.wait()

@@ -746,7 +746,7 @@ def test_env_cannot_set_what_launch_gives_each_worker(tmp_path, key):
 @pytest.mark.parametrize(
     "chapter, script, bad",
     [
-        ("11_multi_controller", "multihost_train.py", ["data", "two", "8"]),
+        ("11_multi_controller", "multihost_train.py", ["data", "2"]),
         ("16_training_state", "resume_training.py", ["c", "d", "{not json"]),
         ("17_profiling", "compile_step.py", ["cache", '{"a": 1}']),
         ("17_profiling", "compile_step.py", []),
@@ -782,6 +782,8 @@ def test_a_chapters_worker_script_typed_wrong_by_hand_says_how_to_call_it(
         ("17_profiling", "compile_step.py", ["cache", "[8, 16, 32, 4]"], 8, "multiple of 8"),
         ("17_profiling", "compile_step.py", ["cache", '"abcd"'], 8, "multiple of 8"),
         ("17_profiling", "compile_step.py", ["cache", "[8, 16.0, 32, 8]"], 8, "multiple of 8"),
+        ("17_profiling", "compile_step.py", ["cache", "[8, 131072, 8, 8]"], 8, "too large"),
+        ("11_multi_controller", "multihost_train.py", ["data", "0", "8"], 1, "a count must"),
     ],
 )
 def test_a_chapters_worker_script_run_by_hand_ends_in_one_sentence(

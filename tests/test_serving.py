@@ -159,7 +159,10 @@ def test_decoding_past_the_end_of_the_cache_is_refused_not_clamped():
     token, cache = serving.prefill(params, prompts, 8, cfg)
     tokens, _ = serving.decode(params, token, cache, 4, 4, cfg)  # positions 4 to 7: room
     assert tokens.shape == (2, 4)
-    with pytest.raises(ValueError, match="room for 4 more positions, not 5"):
-        serving.decode(params, token, cache, 4, 5, cfg)
-    with pytest.raises(ValueError, match="room for 8 more positions, not 9"):
+    for pos in (4, np.int64(4), jax.numpy.int32(4), np.array(4)):  # any concrete integer
+        with pytest.raises(ValueError, match="a cache of 8 positions: no 5 steps from 4"):
+            serving.decode(params, token, cache, pos, 5, cfg)
+    with pytest.raises(ValueError, match="no 1 steps from -1"):  # before the start
+        serving.decode(params, token, cache, -1, 1, cfg)
+    with pytest.raises(ValueError, match="no 9 steps from"):  # pos traced: the length alone
         jax.jit(serving.decode, static_argnums=(4, 5))(params, token, cache, 4, 9, cfg)

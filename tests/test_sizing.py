@@ -513,6 +513,9 @@ def test_seconds_of_some_collectives_adds_their_share_of_the_axes_time():
     assert p.seconds_of("H100", list(p.collectives)) == pytest.approx(sum(s.comm.values()))
     assert p.seconds_of("H100", []) == 0
     other = sizing.plan(LLAMA_70B, dp=8, tp=8, pp=2, global_batch=64, seq=4096, microbatches=8)
-    for bad in (None, "dp", [1], iter(p.collectives), [other.collectives[-1]]):
+    # Another plan's collectives, even equal in value to this one's, are not this plan's.
+    twin = sizing.plan(LLAMA_70B, dp=8, tp=8, pp=4, global_batch=64, seq=4096, microbatches=8)
+    assert twin.collectives == p.collectives
+    for bad in (None, "dp", [1], iter(p.collectives), [other.collectives[-1]], [*twin.collectives]):
         with pytest.raises(ReaderError, match="Pass a list of this plan's collectives"):
             p.seconds_of("H100", bad)

@@ -77,3 +77,16 @@ def test_choices_that_hold_the_separator_keep_keys_of_their_own():
 def test_controls_that_differ_between_values_are_refused_not_drawn_wrong(rest, said):
     with pytest.raises(ReaderError, match=said):
         static_forms.static_form(("model", ["a", "b"]), rest, lambda *a: ",".join(a))
+
+
+@pytest.mark.parametrize(
+    "first, render, said",
+    [
+        (("model", ["a"]), lambda *a: ["<p>a</p>"], "return the view's HTML as a text"),
+        (("model", ["a"]), lambda *a: None, "return the view's HTML as a text"),
+        (("model", []), lambda *a: "<p>a</p>", "has no options"),
+    ],
+)
+def test_a_render_that_gives_no_text_or_a_control_without_options_is_refused(first, render, said):
+    with pytest.raises(ReaderError, match=said):
+        static_forms.static_form(first, lambda v: [("chips", ["1"])], render)

@@ -77,9 +77,10 @@ def prefill(params, prompts, length, cfg, layout=None):
 
 def decode(params, token, cache, pos, steps, cfg, layout=None):
     """`steps` greedy tokens after `token` (at pos), one per step: (tokens, cache)."""
-    room = cache["k"].shape[2] - (pos if isinstance(pos, int) else 0)  # pos: if known
-    if steps > room:  # a write past the end would land on the last position, silently
-        raise ValueError(f"the cache has room for {room} more positions, not {steps}")
+    # A write past the end would land on the cache's last position. pos, if known:
+    length, known = cache["k"].shape[2], not isinstance(pos, jax.core.Tracer)
+    if not steps <= length - (int(pos) if known else 0) <= length:
+        raise ValueError(f"a cache of {length} positions: no {steps} steps from {pos}")
 
     def step(carry, _):
         token, cache, pos = carry
