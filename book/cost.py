@@ -35,13 +35,10 @@ def _bytes(value, name: str = "The number of bytes") -> float:
 
     No machine holds more; the bound keeps what the formulas make of it a finite float.
     """
-    return validate.number(
-        value,
-        name,
-        high=1e30,
-        wanted="a number of bytes such as 1024",
-        error=validate.BadValue,
+    checked = validate.number(
+        value, name, high=1e30, wanted="a number of bytes such as 1024", error=validate.BadValue
     )
+    return checked + 0.0  # -0.0 is 0 bytes, not a negative zero in a table
 
 
 def _size(value, name: str) -> int:

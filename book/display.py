@@ -186,6 +186,8 @@ def table(headers, rows, *, title: str | None = None, note: str | None = None) -
     each row with one cell per header.
     """
     headers = [_cell(h) for h in _sequence(headers, "headers", "['op', 'bytes']")]
+    if not headers:
+        raise DisplayError("The table has no headers; give one for each column, such as ['op'].")
     rows = [
         _sequence(row, f"Row {k} of the table", "['all-gather', 1024]")
         for k, row in enumerate(_sequence(rows, "rows", "[['all-gather', 1024]]"))
@@ -388,7 +390,8 @@ def instruction_text(row: hlo.Instruction, width: int = 88) -> str:
     root = "ROOT " if row.root else ""
     lines = [f"{root}%{row.name} = {row.type} {row.op}({', '.join(row.operands)})"]
     if row.fused:
-        lines.append("    fuses " + ", ".join(row.main_fused))
+        verb = "runs" if row.op in ("while", "call", "conditional") else "fuses"
+        lines.append(f"    {verb} " + ", ".join(row.main_fused))
     lines += [f"    {d}" for d in row.details]
     return "\n".join(_wrap(line, width) for line in lines)
 

@@ -519,6 +519,31 @@ def _called(module: _Module, inst: _Instruction) -> list[_Instruction]:
     return module.computations.get(called.group(1), []) if called else []
 
 
+_CONTROL = re.compile(
+    r"(?:body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
+)
+
+
+def _inside(module: _Module, inst: _Instruction, seen: set | None = None) -> list[_Instruction]:
+    """Every instruction ``inst`` runs: a fusion's or an async wrapper's body, and a loop's,
+    a call's or a conditional's computations, with what those run in turn (XLA:CPU wraps a
+    small loop in a call)."""
+    names = re.findall(r"calls=%?([\w.\-]+)", inst.attrs)
+    if inst.op in ("while", "call", "conditional"):
+        names += _CONTROL.findall(inst.attrs)
+        branches = re.search(r"branch_computations=\{([^}]*)\}", inst.attrs)
+        if branches:
+            names += [b.strip().lstrip("%") for b in branches.group(1).split(",")]
+    seen = set() if seen is None else seen
+    found = []
+    for name in names:
+        if name not in seen:
+            seen.add(name)
+            for called in module.computations.get(name, []):
+                found += [called, *_inside(module, called, seen)]
+    return found
+
+
 def _fused_ops(module: _Module, inst: _Instruction) -> str:
     body = _called(module, inst)
     ops = list(dict.fromkeys(i.op for i in body if i.op not in _DULL_FUSED))
@@ -713,7 +738,7 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
 
     With ``op``, only those that do it: that are one, or are a fusion (or async wrapper)
     containing one, since compilers fuse small operations into their neighbours and the fusion
-    is what the entry computation lists.
+    is what the entry computation lists, or a loop, call or conditional running one.
     """
     module = _parse(_text(compiled))
     insts = module.computations[module.entry]
@@ -722,7 +747,7 @@ def instructions(compiled, op: str | None = None) -> list[Instruction]:
     names = {i.name for i in insts}
     found = []
     for inst in insts:
-        fused = tuple(dict.fromkeys(i.op for i in _called(module, inst) if i.op != "parameter"))
+        fused = tuple(dict.fromkeys(i.op for i in _inside(module, inst) if i.op != "parameter"))
         parts: list[str] = []
         for part in _split_top(inst.attrs.lstrip(", ")):
             if part.startswith("device_ids=") and parts:  # mesh-axes groups go on past a comma

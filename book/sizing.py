@@ -465,9 +465,11 @@ class Plan:
             isinstance(c, Collective) and any(c is mine for mine in self.collectives)
             for c in chosen
         ):
+            what = validate.describe(collectives)
+            if chosen is not None and all(isinstance(c, Collective) for c in chosen):
+                what = "collectives of another plan, equal or not"
             raise SizingError(
-                "Pass a list of this plan's collectives (items of plan.collectives), not "
-                f"{validate.describe(collectives)}."
+                f"Pass a list of this plan's collectives (items of plan.collectives), not {what}."
             )
         return sum(_comm_seconds(chosen, self.links(hardware), KINDS).values())
 

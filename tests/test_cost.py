@@ -144,3 +144,8 @@ def test_ring_bytes_of_compiled_collectives():
 def test_a_permute_onto_itself_moves_nothing():
     row = book.hlo.Collective("collective-permute", ((4,),), "float32", 16, ((0, 0), (1, 1)))
     assert book.cost.ring_bytes(row) == 0
+
+
+def test_a_negative_zero_of_bytes_is_zero():
+    for formula in (book.cost.all_gather_bytes, book.cost.all_reduce_bytes):
+        assert str(formula(-0.0, 8)) == "0.0"

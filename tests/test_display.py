@@ -10,6 +10,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from book import display, shards
+from book.errors import ReaderError
 
 
 def mesh(shape, names):
@@ -312,3 +313,9 @@ def test_a_timeline_of_more_devices_than_rows_is_refused():
     ops = [Op(device=d, name="f", program="p", start=0.0, duration=1.0) for d in range(300)]
     with pytest.raises(display.DisplayError, match="more rows than a timeline can show"):
         display.timeline(ops, {})
+
+
+@pytest.mark.parametrize("rows", [[], [[]]])
+def test_a_table_without_headers_is_refused(rows):
+    with pytest.raises(ReaderError, match="no headers"):
+        display.table([], rows)

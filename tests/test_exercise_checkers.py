@@ -817,3 +817,27 @@ def test_ch06_both_ways():
     rejected(exercises.ch06_both_ways(ring_right(to_left, sign=1)), "All 7 collective-permutes")
     rejected(exercises.ch06_both_ways(both_ways(lefts=5)), "balance them")
     rejected(exercises.ch06_both_ways(lambda a, b: None), "Not answered yet")
+
+
+def test_right_answers_written_another_way_are_right():
+    # A whole number as a float or a Decimal, groups as sets or an array, names as an array:
+    # an answer is judged by its value.
+    from decimal import Decimal
+
+    for replication in (8 / 8, np.float32(1), jnp.bfloat16(1), Decimal(1)):
+        assert exercises.ch02_predict((16, 1, 4), replication).ok
+    assert exercises.ch02_predict(np.array([16.0, 1.0, 4.0]), 1).ok
+    assert exercises.ch12_dp_tp_bytes(Decimal(45380)).ok
+    columns = [[0, 4], [1, 5], [2, 6], [3, 7]]
+    for groups in (
+        [set(g) for g in columns],
+        [range(g[0], g[1] + 1, 4) for g in columns],
+        [np.array(g) for g in columns],
+        jnp.array(columns),
+    ):
+        assert exercises.ch03_sum_groups(groups, P("model")).ok
+    assert exercises.ch02_rows_on_device_1({2}).ok
+    right = (P("model", "data"), P("data", "model"), P("data", "model"))
+    for moving in (np.array(["sliced", "concatenated"]), {"sliced": 1, "concatenated": 2}.keys()):
+        assert exercises.ch04_predict_types(*right, moving).ok
+    rejected(exercises.ch21_stash_bytes(2**31, 2**29, jnp.bfloat16(7 / 39)), "too coarse")

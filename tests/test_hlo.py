@@ -625,3 +625,15 @@ def test_a_mesh_axis_named_with_the_notations_separators_is_named(axis):
     )
     with pytest.raises(book.hlo.HloError, match="rename the axis"):
         book.hlo.collectives(jax.jit(step).lower(x).compile())
+
+
+def test_an_op_inside_a_loop_is_found_in_the_instruction_that_runs_the_loop():
+    x = jnp.ones((8, 8))
+
+    def doubled(x):
+        return jax.lax.while_loop(lambda c: c[0] < 10, lambda c: (c[0] + 1, c[1] * 2), (0, x))[1]
+
+    compiled = jax.jit(doubled).lower(x).compile()
+    (runner,) = book.hlo.instructions(compiled, op="multiply")
+    assert runner.op in ("while", "call") and "multiply" in runner.fused
+    assert book.hlo.instructions(compiled, op="while") == [runner]

@@ -1305,7 +1305,7 @@ def test_exact_numbers_in_an_environment_are_written_as_numbers():
     "groups, out_spec, words",
     [
         ([[0.5, 4.7], [1.2, 5.9], [2, 6], [3, 7]], P("model"), "whole number"),
-        (["04", "15", "26", "37"], P("model"), "list of lists"),
+        (["04", "15", "26", "37"], P("model"), "Each group should be a list of device ids"),
         ([[True, 4], [1, 5], [2, 6], [3, 7]], P("model"), "whole number"),
         ([[0, 4], [0, 4], [1, 5], [2, 6], [3, 7]], P("model"), "list each id once"),
         ([[0, 4], [1, 5], [2, 6], [3, 7]], P(None, "model"), "1-D sums"),

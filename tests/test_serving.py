@@ -164,5 +164,10 @@ def test_decoding_past_the_end_of_the_cache_is_refused_not_clamped():
             serving.decode(params, token, cache, pos, 5, cfg)
     with pytest.raises(ValueError, match="no 1 steps from -1"):  # before the start
         serving.decode(params, token, cache, -1, 1, cfg)
+    for steps, pos in ((-1, 4), (True, 4), (2, 4.5)):  # not a count, not a position
+        with pytest.raises(ValueError, match=f"no {steps} steps from {pos}"):
+            serving.decode(params, token, cache, pos, steps, cfg)
+    with pytest.raises(ValueError, match="a cache of 3 positions: no prompt of 4"):
+        serving.prefill(params, prompts, 3, cfg)
     with pytest.raises(ValueError, match="no 9 steps from"):  # pos traced: the length alone
         jax.jit(serving.decode, static_argnums=(4, 5))(params, token, cache, 4, 9, cfg)

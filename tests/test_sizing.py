@@ -519,3 +519,10 @@ def test_seconds_of_some_collectives_adds_their_share_of_the_axes_time():
     for bad in (None, "dp", [1], iter(p.collectives), [other.collectives[-1]], [*twin.collectives]):
         with pytest.raises(ReaderError, match="Pass a list of this plan's collectives"):
             p.seconds_of("H100", bad)
+
+
+def test_another_plans_collectives_are_named_so():
+    a = sizing.plan(LLAMA_70B, dp=8, tp=8, pp=4, global_batch=64, seq=4096, microbatches=8)
+    b = sizing.plan(LLAMA_70B, dp=8, tp=8, pp=4, global_batch=64, seq=4096, microbatches=8)
+    with pytest.raises(ReaderError, match="not collectives of another plan"):
+        a.seconds_of("H100", list(b.collectives))

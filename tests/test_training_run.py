@@ -291,9 +291,9 @@ def test_the_batch_script_requeues_an_attempt_that_saved_at_its_limit_or_crashed
     (tmp_path / "run-7.out").write_text(earlier)  # sbatch's --output, written before
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "STAND_IN_PRINTS": printed}
     env["STAND_IN_EXITS"] = str(exit_code)
-    env.pop("SLURM_RESTART_COUNT", None)
-    if restarts is not None:  # as Slurm sets it in a requeued job
-        env["SLURM_RESTART_COUNT"] = restarts
+    env["SLURM_RESTART_COUNT"] = "5"  # every requeue, preemptions too: not the crashes
+    if restarts is not None:  # earlier attempts' crashes, as the script counts them
+        (tmp_path / "run-7.crashes").write_text("1\n" * int(restarts))
     env.update(SLURM_JOB_NAME="run", SLURM_JOB_ID="7", SLURM_CPUS_PER_TASK="16")  # as sbatch sets
     script = tmp_path / "job.sh"
     text = batch_script()

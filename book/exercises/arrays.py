@@ -3,6 +3,8 @@ of them."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from book import validate
@@ -140,6 +142,8 @@ def ch02_rows_on_device_1(rows):
     from jax.sharding import PartitionSpec as P
 
     answered(rows, "set rows to the list of row numbers device 1 holds")
+    if isinstance(rows, (set, frozenset)):  # the rows are compared sorted
+        rows = sorted(rows, key=repr)
     given = numbers(rows, "rows", "[2]").ravel()
     need(
         (given == np.round(given)).all(),
@@ -385,15 +389,27 @@ def ch03_sum_groups(groups, out_spec):
     out = column_sums(a)
     (reduce,) = book.hlo.collectives(column_sums.lower(a).compile())
     real = {frozenset(g) for g in _device_groups(reduce, mesh)}
-    groups = groups.tolist() if isinstance(groups, np.ndarray) else validate.plain(groups)
+    if not isinstance(groups, (list, tuple)) and hasattr(groups, "__array__"):
+        with contextlib.suppress(Exception):  # a NumPy or JAX array of ids, one row a group
+            groups = np.asarray(groups).tolist()
+    groups = validate.plain(groups)
     need(
-        isinstance(groups, (list, tuple))
-        and all(isinstance(validate.plain(g), (list, tuple)) for g in groups),
+        isinstance(groups, (list, tuple)),
         "groups should be a list of lists of device ids, e.g. [[0, 1], [2, 3]], not "
         f"{validate.describe(groups)}.",
     )
+    kinds = (list, tuple, set, frozenset, range, np.ndarray)  # their order does not matter
+    for g in groups:
+        need(
+            isinstance(validate.plain(g), kinds),
+            f"Each group should be a list of device ids, such as [0, 4], not "
+            f"{validate.describe(g)}.",
+        )
     listed = [
-        [whole(d, "Each device id", low=0, high=mesh.size - 1, example=0) for d in g]
+        [
+            whole(d, "Each device id", low=0, high=mesh.size - 1, example=0)
+            for d in (g.tolist() if isinstance(g, np.ndarray) else validate.plain(g))
+        ]
         for g in groups
     ]
     every = [d for g in listed for d in g]
@@ -460,6 +476,10 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
     answered(moves_data, "set moves_data to a set of names, such as {'sliced'}")
     if isinstance(moves_data, str):
         moves_data = {moves_data}
+    elif isinstance(moves_data, np.ndarray):  # an array of names: Python texts in a list
+        moves_data = moves_data.ravel().tolist()
+    elif isinstance(moves_data, type({}.keys())):
+        moves_data = list(moves_data)
     need(
         isinstance(moves_data, (set, frozenset, list, tuple))
         and all(isinstance(m, str) for m in moves_data),

@@ -792,8 +792,36 @@ def shown(value: float, decimals: int = 0) -> str:
 
 
 def number(value, what: str, wanted: str = "a number") -> float:
-    """A finite real number: a Python, NumPy or 0-d JAX number, not ``nan`` nor ``10**400``."""
+    """A finite real number: a Python, NumPy or 0-d JAX number, a Fraction or a Decimal (as in
+    a list of them), not ``nan`` nor ``10**400``."""
+    if type(value) is decimal.Decimal and value.is_finite():
+        value = float(value)
     return validate.number(value, what, low=-math.inf, wanted=wanted, error=Wrong)
+
+
+def coarse(answer, got: float, want: float, what: str, tolerance: float) -> None:
+    """Refuse a right answer that a 16-bit float holds too coarsely, saying so, rather than
+    judging its value wrong: one within 1% of ``want`` where the answer asks ``tolerance``."""
+    kind = getattr(answer, "dtype", None)
+    if kind is not None and getattr(kind, "itemsize", 8) <= 2:
+        need(
+            abs(got - want) <= tolerance or abs(got - want) > 1e-2 * abs(want),
+            f"{what} is a {kind}, too coarse for the answer ({got:.4g}); pass it as a Python "
+            "float.",
+        )
+
+
+def _valued(value):
+    """A whole number written another way (8.0, 8 / 1, np.float32(8), Decimal(8)) as the int
+    it is: an answer is judged by its value. Anything else as given."""
+    scalar = validate.scalar(value)
+    if isinstance(scalar, (str, bytes, bool, np.bool_)) or validate._is_whole(scalar):
+        return value
+    with contextlib.suppress(TypeError, ValueError, OverflowError, ArithmeticError):
+        as_float = float(scalar)
+        if as_float.is_integer():
+            return int(as_float)
+    return value
 
 
 def number_returned(value, what: str, wanted: str = "a number") -> float:
@@ -805,7 +833,9 @@ def number_returned(value, what: str, wanted: str = "a number") -> float:
 
 
 def whole(value, what: str, *, low: int = 1, high: int = validate.MAX_SIZE, example=8) -> int:
-    """A whole number from ``low`` to ``high`` (a Python, NumPy or 0-d JAX integer)."""
+    """A whole number from ``low`` to ``high`` (a Python, NumPy or 0-d JAX integer, or one
+    written as a float or a Decimal)."""
+    value = _valued(value)
     return validate.whole(value, what, low=low, high=high, example=example, error=Wrong)
 
 
@@ -844,6 +874,10 @@ def sizes(value, what: str, example: str = "(16, 8, 4)") -> tuple[int, ...]:
     if getattr(value, "ndim", None) == 1 and hasattr(value, "dtype"):
         with contextlib.suppress(Exception):  # a traced value has no numbers to read
             value = np.asarray(value).tolist()
+    if isinstance(value, range):
+        value = list(value)
+    if isinstance(value, (tuple, list)):
+        value = [_valued(v) for v in value]
     if not isinstance(value, (tuple, list)):
         raise Wrong(f"{what} should be a tuple such as {example}, not {validate.describe(value)}.")
     return validate.sizes(value, what, low=0, error=Wrong)

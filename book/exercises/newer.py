@@ -10,7 +10,17 @@ import itertools
 
 import numpy as np
 
-from book.exercises.core import Wrong, answered, call, checker, function, need, number, returned
+from book.exercises.core import (
+    Wrong,
+    answered,
+    call,
+    checker,
+    coarse,
+    function,
+    need,
+    number,
+    returned,
+)
 from book.exercises.core import shown as _shown
 
 # Exercise 21.2's problem, as the chapter states it.
@@ -95,6 +105,7 @@ def ch21_stash_bytes(gpipe_bytes, one_f_one_b_bytes, bubble):
     answered(bubble, "set bubble to the fraction of a step each stage idles")
     got = number(bubble, "bubble")
     want = (p - 1) / (m + p - 1)
+    coarse(bubble, got, want, "bubble", 1e-6)
     need(
         abs(got - want) <= 1e-6,
         f"Not {got:.4g}: in both schedules each stage waits p - 1 of its m + p - 1 "

@@ -67,6 +67,10 @@ def forward_cached(params, tokens, cache, pos, cfg, layout=None):
 
 def prefill(params, prompts, length, cfg, layout=None):
     """Fill a cache of `length` positions with the prompts; greedy first tokens."""
+    if prompts.shape[1] > length:
+        raise ValueError(
+            f"a cache of {length} positions: no prompt of {prompts.shape[1]}"
+        )
     shape = (cfg.n_layers, prompts.shape[0], length, cfg.n_kv_heads, cfg.d_head)
     empty = constrain(jnp.zeros(shape, params["embed"].dtype), CACHE, layout)
     logits, cache = forward_cached(
@@ -79,7 +83,9 @@ def decode(params, token, cache, pos, steps, cfg, layout=None):
     """`steps` greedy tokens after `token` (at pos), one per step: (tokens, cache)."""
     # A write past the end would land on the cache's last position. pos, if known:
     length, known = cache["k"].shape[2], not isinstance(pos, jax.core.Tracer)
-    if not steps <= length - (int(pos) if known else 0) <= length:
+    start = int(pos) if known else 0
+    whole = jnp.issubdtype(type(steps), jnp.integer) and (not known or start == pos)
+    if not whole or not 0 <= steps <= length - start <= length:
         raise ValueError(f"a cache of {length} positions: no {steps} steps from {pos}")
 
     def step(carry, _):
