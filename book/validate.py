@@ -213,7 +213,8 @@ def _is_text(value) -> bool:
 
 def _is_whole(value) -> bool:
     kind = type(value)  # not isinstance: an object's __class__ property may claim int
-    return issubclass(kind, (int, np.integer)) and not issubclass(kind, (bool, np.bool_))
+    not_counts = (bool, np.bool_, np.timedelta64)  # NumPy's durations are integers too
+    return issubclass(kind, (int, np.integer)) and not issubclass(kind, not_counts)
 
 
 def scalar(value):
@@ -226,6 +227,8 @@ def scalar(value):
     is_array = isinstance(value, (np.ndarray, np.generic)) or type(value).__module__.split(".")[
         0
     ] in ("jax", "jaxlib")
+    if getattr(getattr(value, "dtype", None), "kind", None) in ("m", "M"):
+        return value  # a duration or a date holds no count, whatever its integer
     if is_array and getattr(value, "shape", None) == ():
         try:
             return value.item()

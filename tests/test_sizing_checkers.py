@@ -1,5 +1,7 @@
 """Chapter 18's checkers: they accept the worked solutions and name the usual mistakes."""
 
+import numpy as np
+
 from book import cost, exercises, sizing
 
 
@@ -25,7 +27,9 @@ def test_smallest_fsdp():
     rejected(exercises.ch18_smallest_fsdp(smallest // 2), "more than an H100's 80 GB (74.5 GiB)")
     rejected(exercises.ch18_smallest_fsdp(smallest * 2), "find the smallest")
     rejected(exercises.ch18_smallest_fsdp(3), "not a power of two")
-    rejected(exercises.ch18_smallest_fsdp(32.0), "must be a positive whole number")
+    rejected(exercises.ch18_smallest_fsdp(32.0), "find the smallest")  # 32, written 32.0
+    rejected(exercises.ch18_smallest_fsdp(32.5), "must be a positive whole number")
+    rejected(exercises.ch18_smallest_fsdp(np.timedelta64(16)), "must be a positive whole number")
     rejected(exercises.ch18_smallest_fsdp(True), "must be a positive whole number")
 
 

@@ -815,7 +815,9 @@ def _valued(value):
     """A whole number written another way (8.0, 8 / 1, np.float32(8), Decimal(8)) as the int
     it is: an answer is judged by its value. Anything else as given."""
     scalar = validate.scalar(value)
-    if isinstance(scalar, (str, bytes, bool, np.bool_)) or validate._is_whole(scalar):
+    if isinstance(scalar, (str, bytes, bool, np.bool_, np.timedelta64, np.datetime64)):
+        return value  # text, truth values, durations and dates hold no count
+    if validate._is_whole(scalar):
         return value
     with contextlib.suppress(TypeError, ValueError, OverflowError, ArithmeticError):
         as_float = float(scalar)
@@ -874,6 +876,7 @@ def sizes(value, what: str, example: str = "(16, 8, 4)") -> tuple[int, ...]:
     if getattr(value, "ndim", None) == 1 and hasattr(value, "dtype"):
         with contextlib.suppress(Exception):  # a traced value has no numbers to read
             value = np.asarray(value).tolist()
+    value = validate.plain(value)  # a list subclass read for what it holds
     if isinstance(value, range):
         value = list(value)
     if isinstance(value, (tuple, list)):
