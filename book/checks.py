@@ -14,6 +14,8 @@ tolerance that is not a number between 0 and 1 (``nan`` would pass everything).
 
 from __future__ import annotations
 
+import decimal
+import fractions
 import math
 
 import numpy as np
@@ -32,6 +34,9 @@ def _numbers(value, name: str) -> np.ndarray:
     if not isinstance(value, (str, bytes, dict, set)):
         try:
             array = validate.widened(np.asarray(value))
+            exact = (fractions.Fraction, decimal.Decimal)  # NumPy keeps them as objects
+            if array.dtype.kind == "O" and all(type(x) in exact for x in array.flat):
+                array = array.astype(np.float64)
         except Exception:  # noqa: BLE001 - a ragged or self-holding list, an odd object
             array = None
     if array is None or array.dtype.kind not in "biuf":

@@ -586,13 +586,15 @@ def _check_split(field: str, shape: tuple[int, ...], sharding) -> None:
 
 
 def _first_line(err: Exception) -> str:
-    """The first line of JAX's message, short, to end a sentence of the book's."""
+    """The first line of JAX's message, at most 400 characters, to end a sentence of the book's."""
     try:
         text = str(err).strip()
     except Exception:  # noqa: BLE001 - a message that cannot be printed
         text = ""
     first = text.splitlines()[0] if text else type(err).__name__
-    return first[:160].rstrip(".")
+    if len(first) > 400:  # cut between words
+        first = first[:400].rsplit(" ", 1)[0] + " …"
+    return first.rstrip(".")
 
 
 @validate.impostors_refused

@@ -123,6 +123,8 @@ class SlurmJob:
         self._still_running("signal")
         sig = validate.signal_of(sig)
         if process is None:
+            if slurm.job(self.id).get("JobState") in slurm.ENDED:
+                return f"nothing sent: job {self.id} had already ended"
             command = ["scancel", f"--signal={sig.name.removeprefix('SIG')}", str(self.id)]
             slurm.run(command)
             return shlex.join(command)
@@ -147,6 +149,7 @@ class SlurmJob:
                     found = search(self.output(process), self.deadline, ended=True)  # its last
                     if found:
                         return found
+                    self._labelled()
                     raise WorkerError(
                         f"Job {self.id} ended before task {process} printed a line matching "
                         f"{validate.describe(regex.pattern, 60)}; read why at the end of its "
@@ -175,7 +178,20 @@ class SlurmJob:
                 self.outputs(),
                 exit_code=codes[failed],
             )
+        self._labelled()
         return self.outputs()
+
+    def _labelled(self) -> None:
+        """Refuse, once the job has ended, an output whose lines are no task's: its tasks ran
+        without ``srun --label``, or outside srun, so no line can be given to a task."""
+        if self.facts.get("JobState") != "COMPLETED":  # a failed job's log says why
+            return
+        lines = [line for line in self.text().splitlines() if line.strip()]
+        if lines and not any(self.outputs()) and not any(map(_TASK_END.match, lines)):
+            raise ReaderError(
+                f"Job {self.id}'s output has no task labels, so no line is any task's; run the "
+                "batch script's tasks with 'srun --label'."
+            )
 
     def wait_for_exits(self) -> list[int]:
         """Wait until the job is over; each task's exit status, as ``Popen`` gives one.
@@ -257,7 +273,17 @@ class SlurmJob:
 
     def _check_time(self) -> None:
         if time.monotonic() > self.deadline:
+            facts = slurm.job(self.id)
             slurm.cancel(self.id)
+            if facts.get("JobState") == "PENDING":
+                raise WorkerError(
+                    f"Job {self.id} was still waiting in the queue after {self.timeout:g} s "
+                    f"(Slurm's reason: {facts.get('Reason', 'none given')}), so it was "
+                    "cancelled; ask for what the cluster has ('sinfo'), or wait longer.",
+                    0,
+                    self.outputs(),
+                    timed_out=True,
+                )
             raise WorkerError(
                 f"Job {self.id} still ran after {self.timeout:g} s, so it was cancelled; find "
                 f"where it waits at the end of its output:\n{tail(self.text())}",

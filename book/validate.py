@@ -527,9 +527,12 @@ def slices(value, what: str, *, error: type[ReaderError] = ReaderError) -> tuple
     number or None, and no step of 0."""
     value = plain(value)
     if not isinstance(value, (tuple, list)) or not all(isinstance(i, slice) for i in value):
+        given = describe(value)
+        if isinstance(value, (tuple, list)):
+            given = f"one holding {describe(next(i for i in value if not isinstance(i, slice)))}"
         raise error(
             f"{what} must be a tuple of slices, one per dimension, such as (slice(0, 4),), not "
-            f"{describe(value)}."
+            f"{given}."
         )
     for i in value:
         for bound in (i.start, i.stop, i.step):

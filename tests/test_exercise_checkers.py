@@ -841,3 +841,12 @@ def test_right_answers_written_another_way_are_right():
     for moving in (np.array(["sliced", "concatenated"]), {"sliced": 1, "concatenated": 2}.keys()):
         assert exercises.ch04_predict_types(*right, moving).ok
     rejected(exercises.ch21_stash_bytes(2**31, 2**29, jnp.bfloat16(7 / 39)), "too coarse")
+
+
+def test_a_16_bit_intensity_is_called_too_coarse_not_wrong():
+    def right(m, k, n):
+        return 2 * m * k * n / (4 * (m * k + k * n + m * n))
+
+    assert exercises.ch12_intensity(right).ok
+    for kind in (np.float16, jnp.bfloat16):
+        rejected(exercises.ch12_intensity(lambda m, k, n, t=kind: t(right(m, k, n))), "too coarse")

@@ -273,3 +273,7 @@ def jax_mesh_of_stages():
 def test_schedule_helpers_refuse_arguments_out_of_range(call, said):
     with pytest.raises(ValueError, match=said):
         call()
+
+
+def test_schedule_takes_numpy_integers():
+    assert pipeline.schedule(np.int64(4), np.int32(8)).shape == (4, 11)

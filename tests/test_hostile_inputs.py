@@ -1663,3 +1663,14 @@ def test_a_pattern_of_whitespace_is_called_so():
 
     with pytest.raises(ReaderError, match="only whitespace"):
         validate.pattern(" \t")
+
+
+# Sweep 25: exact numbers in a product check; the offending entry of an index named.
+def test_assert_product_reads_fractions_and_an_index_names_its_ellipsis():
+    from fractions import Fraction
+
+    from book import checks, validate
+
+    assert checks.assert_product([[Fraction(1, 9)]], [[Fraction(1, 3)]], [[Fraction(1, 3)]]) == 0
+    with pytest.raises(ReaderError, match="not one holding an ellipsis"):
+        validate.slices((slice(0, 4), Ellipsis), "index")

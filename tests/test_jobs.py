@@ -144,3 +144,29 @@ def test_a_task_printing_sruns_error_text_is_not_taken_for_srun(folder):
     with job:
         assert job.wait_for_exits() == [0]
         job.wait()
+
+
+def test_tasks_run_without_labels_are_named_not_read_as_silence(folder):
+    (folder / "plain.sbatch").write_text(
+        '#!/bin/bash\n#SBATCH --ntasks=1\n#SBATCH --time=2\n"$1" -c "print(\'tick\')"\n'
+    )
+    job, _ = book.jobs.submit("plain.sbatch", "tick", [sys.executable], num_tasks=1, timeout=90)
+    with job, pytest.raises(book.jobs.ReaderError, match="no task labels"):
+        job.wait()
+
+
+def test_a_job_signalled_after_its_end_is_said_to_have_ended(folder):
+    job, _ = book.jobs.submit("job.sbatch", "task.py", [sys.executable], timeout=90)
+    with job:
+        job.wait_for(r"^task 1 started$", process=1)
+        job.signal(signal.SIGTERM)
+        job.wait()
+        assert job.signal(signal.SIGTERM) == f"nothing sent: job {job.id} had already ended"
+
+
+def test_a_job_still_queued_at_its_timeout_is_said_to_wait_in_the_queue(folder):
+    (folder / "big.sbatch").write_text(BATCH.replace("--nodes=2", "--nodes=5"))
+    job, _ = book.jobs.submit("big.sbatch", "task.py", [sys.executable], timeout=5)
+    with job, pytest.raises(WorkerError, match="still waiting in the queue"):
+        job.wait()
+    assert book.slurm.job(job.id).get("JobState") in book.slurm.ENDED

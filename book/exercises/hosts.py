@@ -11,6 +11,7 @@ from book.exercises.core import (
     Wrong,
     answered,
     checker,
+    coarse,
     fresh_source,
     function,
     need,
@@ -239,7 +240,9 @@ def ch12_intensity(intensity):
     found = []
     for m, k, n in INTENSITY_SHAPES:
         real = matmul_intensity(m, k, n)
-        got = number_returned(intensity(m, k, n), "intensity", "the FLOPs divided by the bytes")
+        given = intensity(m, k, n)
+        got = number_returned(given, "intensity", "the FLOPs divided by the bytes")
+        coarse(given, got, real, "intensity", 1e-6 * real)
         product = f"({m}, {k}) @ ({k}, {n})"
         wrong = {
             real / 2: "that is half XLA's count: a multiply-add is 2 FLOPs, as "

@@ -44,7 +44,7 @@ def work(t, s, m, v=1):
 
 def schedule(p, m, v=1):
     """Every stage's item at every step: an array (stages, steps), -1 where idle."""
-    if not all(type(n) is int and n > 0 for n in (p, m, v)):
+    if not all(isinstance(n, (int, np.integer)) and n > 0 for n in (p, m, v)):
         raise ValueError(f"p, m, v must be positive whole numbers, not {p, m, v}")
     steps = v * m + p - 1
     return work(np.arange(steps)[None, :], np.arange(p)[:, None], m, v)
