@@ -201,7 +201,7 @@ def cross_entropy(logits, labels):
 
     Split out of ``loss`` so a parallel version that computes the logits its own way can still
     score them the same way. Labels out of range are refused where they are known (outside
-    ``jit``): ``take_along_axis`` would quietly read past the end of a row.
+    ``jit``), and make the loss nan where they are not.
     """
     _array(logits, "logits", 2)
     _array(labels, "labels", 1, integer=True)
@@ -224,7 +224,10 @@ def cross_entropy(logits, labels):
             )
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(log_probs, labels[:, None], axis=-1)
-    return -jnp.mean(picked)
+    # Under jit the labels are not known: one out of range makes the loss nan, where
+    # take_along_axis would read another class (-1 the last) or nan past the end, quietly.
+    known = (labels[:, None] >= 0) & (labels[:, None] < logits.shape[1])
+    return -jnp.mean(jnp.where(known, picked, jnp.nan))
 
 
 @validate.impostors_refused

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 
+import numpy as np
+
 from book import validate
 
 
@@ -49,6 +51,8 @@ def format_seconds(seconds: float) -> str:
             value = float(value) if not (isinstance(value, Decimal) and value.is_snan()) else None
         except OverflowError:
             value = math.inf if value > 0 else -math.inf
+    if isinstance(value, np.floating):  # a long double, say: a real number all the same
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise validate.BadValue(
             f"seconds must be a number of seconds such as 0.25, not {validate.describe(seconds)}."
@@ -62,6 +66,8 @@ def format_seconds(seconds: float) -> str:
             shown = f"{value * scale:.3g}"
             if abs(float(shown)) < 1000:
                 return f"{shown} {unit}"
+        if abs(value) >= 999.5:  # past 1,000 s: whole seconds, not an exponent
+            return f"{value:,.0f} s"
     return f"{value:.3g} s"
 
 
@@ -119,6 +125,18 @@ def measure(f: Callable, /, *args, warmup: int = 2, runs: int = 10, **kwargs) ->
         ) from None
     except ValueError:  # a built-in without a signature to check
         pass
+    try:  # an argument deleted before any call: no donation of f's own is to blame
+        gone = any(
+            callable(getattr(a, "is_deleted", None)) and a.is_deleted()
+            for a in _arrays_in((args, kwargs))
+        )
+    except Exception:  # noqa: BLE001 - arguments nested past walking: f itself will say
+        gone = False
+    if gone:
+        raise validate.BadValue(
+            "An array among f's arguments was deleted before measure was called (by an "
+            "earlier donating call, or .delete()); pass arrays that still exist."
+        )
     try:
         for _ in range(warmup):
             _block(f(*args, **kwargs))

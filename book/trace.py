@@ -41,6 +41,7 @@ _DEVICE_PROCESS = re.compile(r"^/device:[A-Za-z_]+:(\d+)")
 _OPS_THREAD = "XLA Ops"
 _MISSING = object()  # a field an event does not have
 _TRACE_FILES = ("perfetto_trace.json.gz", "*.trace.json.gz")  # in the order they are preferred
+MAX_TRACE_BYTES = 2**28  # unpacked: a profile of a few steps holds far less
 
 
 class TraceError(ReaderError, ValueError):
@@ -165,8 +166,17 @@ def _shown(path: Path) -> str:
 
 def _load(path: Path) -> list:
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
+        with gzip.open(path, "rb") as f:  # no more than the cap is unpacked
+            raw = f.read(MAX_TRACE_BYTES + 1)
+    except (OSError, EOFError) as err:
+        raise TraceError(f"{path} is not a gzipped JSON trace ({err}).") from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise TraceError(
+            f"{path} unpacks to more than {MAX_TRACE_BYTES >> 20} MiB of JSON; trace fewer "
+            "steps (or a smaller program) and read that."
+        )
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, EOFError, ValueError) as err:
         raise TraceError(f"{path} is not a gzipped JSON trace ({err}).") from None
     except RecursionError:  # arrays nested thousands deep: no writer of traces makes them

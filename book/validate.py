@@ -65,6 +65,10 @@ def describe(value, limit: int = 40, _depth: int = 0) -> str:
 def _describe(value, limit: int, _depth: int) -> str:
     if value is None or isinstance(value, (bool, np.bool_)):
         return repr(None if value is None else bool(value))
+    if isinstance(value, (np.timedelta64, np.datetime64)):
+        return f"a {type(value).__name__}"  # not its integer: a duration is no count
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        return "a masked value"
     if isinstance(value, (int, np.integer)):
         number = int(value)
         if number.bit_length() <= 64:
@@ -229,6 +233,8 @@ def scalar(value):
     ] in ("jax", "jaxlib")
     if getattr(getattr(value, "dtype", None), "kind", None) in ("m", "M"):
         return value  # a duration or a date holds no count, whatever its integer
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        return value  # a masked value holds no number, whatever lies under the mask
     if is_array and getattr(value, "shape", None) == ():
         try:
             return value.item()

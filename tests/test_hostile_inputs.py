@@ -1674,3 +1674,37 @@ def test_assert_product_reads_fractions_and_an_index_names_its_ellipsis():
     assert checks.assert_product([[Fraction(1, 9)]], [[Fraction(1, 3)]], [[Fraction(1, 3)]]) == 0
     with pytest.raises(ReaderError, match="not one holding an ellipsis"):
         validate.slices((slice(0, 4), Ellipsis), "index")
+
+
+# Sweep 26: long doubles, long times, masked values, deleted arguments, a trace bomb, labels.
+def test_sweep_26_times_masks_and_labels(tmp_path, monkeypatch):
+    import gzip
+
+    import jax
+    import jax.numpy as jnp
+
+    from book import cost, models, timing, trace
+
+    assert timing.format_seconds(np.longdouble(0.25)) == "250 ms"
+    assert timing.format_seconds(999.5) == "1,000 s" and timing.format_seconds(12.3) == "12.3 s"
+    for bad in (
+        lambda: timing.format_seconds(np.ma.masked),
+        lambda: cost.all_reduce_bytes(np.ma.array(1024.0, mask=True), 8),
+    ):
+        with pytest.raises(ReaderError, match="a masked value"):
+            bad()
+    x = jnp.ones(4)
+    x.delete()
+    with pytest.raises(ReaderError, match="deleted before measure was called"):
+        timing.measure(jax.jit(lambda v: v * 2), x, runs=2)
+    run = tmp_path / "plugins" / "profile" / "r"
+    run.mkdir(parents=True)
+    with gzip.open(run / "perfetto_trace.json.gz", "wb") as f:
+        f.write(b'{"traceEvents": [' + b" " * 4096 + b"]}")
+    monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 1024)
+    with pytest.raises(ReaderError, match="unpacks to more than"):
+        trace.read(tmp_path)
+    logits = jnp.zeros((2, 16))
+    for label in (-1, 99):  # under jit the labels are not known: the loss is nan, not wrong
+        loss = jax.jit(models.cross_entropy)(logits, jnp.array([label, 0], jnp.int32))
+        assert np.isnan(float(loss))

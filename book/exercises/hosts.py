@@ -335,10 +335,10 @@ class _SimulatedModule:
 def _simulated_time(clock: _Clock, timer):
     """``time.perf_counter`` and the other wall clocks read ``clock`` while the timer runs.
 
-    Three ways a timer reaches a clock are covered: ``time.perf_counter()`` through the module
-    (patched on the module), and ``perf_counter()`` or ``time.monotonic()`` through names in the
+    Four ways a timer reaches a clock are covered: ``time.perf_counter()`` through the module
+    (patched on the module), ``perf_counter()`` or ``time.monotonic()`` through names in the
     timer's own globals, such as a notebook's ``from time import perf_counter`` (rebound there,
-    for the check only).
+    for the check only), and ``timeit``'s functions, whose clock is a default argument.
     """
     import time
     import timeit
@@ -356,6 +356,11 @@ def _simulated_time(clock: _Clock, timer):
         name: value for name, value in names.items() if id(value) in real or id(value) in modules
     }
     saved = time.perf_counter, time.perf_counter_ns, timeit.default_timer
+    # timeit.Timer, timeit.timeit and timeit.repeat took the clock as a default argument.
+    takers = (timeit.Timer.__init__, timeit.timeit, timeit.repeat)
+    defaults = [f.__defaults__ for f in takers]
+    for f, given in zip(takers, defaults, strict=True):
+        f.__defaults__ = tuple(clock if d is saved[2] else d for d in given or ())
     time.perf_counter = timeit.default_timer = clock
     time.perf_counter_ns = clock.ns
     for name, value in swapped.items():
@@ -365,6 +370,8 @@ def _simulated_time(clock: _Clock, timer):
     finally:
         names.update(swapped)
         time.perf_counter, time.perf_counter_ns, timeit.default_timer = saved
+        for f, given in zip(takers, defaults, strict=True):
+            f.__defaults__ = given
 
 
 def _on_simulated_clock(timer, **stand_in):
@@ -445,9 +452,11 @@ def ch12_dp_tp_bytes(sent_per_device):
     from book.lessons.data_parallel import sizes as chapter_sizes
 
     answered(sent_per_device, "set sent_per_device to a number of bytes")
+    given = sent_per_device
     sent_per_device = number(sent_per_device, "sent_per_device", "a number of bytes")
     sizes = chapter_sizes._replace(batch=512)
     real = strategies.analyze("DP x TP", (2, 4), sizes).sent_bytes
+    coarse(given, sent_per_device, real, "sent_per_device", 4.5)  # the loss's 4 bytes or not
     split = models.param_count(sizes) - sizes.classes  # all but b2, which TP keeps whole
 
     def shard(m):  # numbers of the parameters one device holds when TP splits over m

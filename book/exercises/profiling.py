@@ -58,9 +58,13 @@ def _check_shares(got, ops, kinds, where):
     )
     missing = sorted(set(want) - set(got))
     if missing:
-        silent = [d for d in missing if want[d] == 0.0]
-        detail = f"device {missing[0]}" + (" ran no collective, so its share is 0" * bool(silent))
-        raise Wrong(f"The answer for {where} has no entry for {detail}; give every device one.")
+        first = missing[0]
+        keys = "" if all(type(k) is int for k in got) else " (keys are device numbers, ints)"
+        silent = " (it ran no collective: its share is 0)" if want[first] == 0.0 else ""
+        raise Wrong(
+            f"The answer for {where} has no entry for device {first}{silent}{keys}; give every "
+            "device one."
+        )
     spans = _share(ops, kinds, over_span=True)
     for device, fraction in sorted(want.items()):
         value = got[device]
