@@ -168,7 +168,10 @@ def _run(script: str, args: list[str], raised: str) -> int:
         tb = error.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != script:
             tb = tb.tb_next
-        traceback.print_exception(kind, error, tb or error.__traceback__)
+        if sys.excepthook is not sys.__excepthook__:  # the script's own, as script_args sets
+            sys.excepthook(kind, error, tb or error.__traceback__)
+        else:
+            traceback.print_exception(kind, error, tb or error.__traceback__)
         return 1
     return 0
 

@@ -29,6 +29,8 @@ _EPS32 = float(np.finfo(np.float32).eps)
 def _numbers(value, name: str) -> np.ndarray:
     """``value`` as a float64 array, or one sentence when it holds no numbers."""
     array = None
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        raise validate.WrongKind(f"{name} holds masked entries, which hold no numbers.")
     if callable(getattr(value, "is_deleted", None)) and value.is_deleted():
         validate.array(value, name)  # says it was deleted, as a donated array is
     if not isinstance(value, (str, bytes, dict, set)):
@@ -124,11 +126,13 @@ def assert_product(result, a, b, *, row_blocks: int = 1, rtol: float | None = No
         blocks = sorted({int(r) // height for r in rows}) if height else []
         where = f" (row blocks {blocks} of {row_blocks})" if row_blocks > 1 and blocks else ""
         r, c = np.unravel_index(np.argmax(error), error.shape)
-        off = (
-            "is not a finite number"
-            if np.isinf(error[r, c])
-            else f"is off by {error[r, c]:.2g} of its scale, more than {rtol:g}"
-        )
+        got = _numbers(result, "The result")[r, c]
+        if not np.isfinite(got):
+            off = f"is {got}, not a finite number"
+        elif np.isinf(error[r, c]) or error[r, c] > 1e300:  # A @ B exactly 0 there: no scale
+            off = f"is {got:.6g} where A @ B is 0"
+        else:
+            off = f"is off by {error[r, c]:.2g} of its scale, more than {rtol:g}"
         raise AssertionError(
             f"The result differs from A @ B in {int(bad.sum())} of {error.size} entries, in "
             f"{len(rows)} rows{where}; the worst, row {r} column {c}, {off}."

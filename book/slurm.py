@@ -297,7 +297,12 @@ def _text(data) -> str:
 def job(job_id) -> dict[str, str]:
     """What ``scontrol show job`` says of a job, as a dict of its ``Name=value`` fields."""
     job_id = validate.whole(job_id, "job_id", example=12)
-    text = run(["scontrol", "show", "job", "--oneliner", str(job_id)])
+    try:
+        text = run(["scontrol", "show", "job", "--oneliner", str(job_id)])
+    except SlurmError as err:
+        if "Invalid job id" in str(err):  # never was, or so long ago Slurm forgot it
+            raise SlurmError(f"Slurm knows no job {job_id}; check the job id.") from None
+        raise
     return dict(re.findall(r"(?:^|\s)([A-Za-z:/]+)=(\S*)", text.strip()))
 
 

@@ -864,3 +864,22 @@ def test_a_timer_built_on_timeit_is_followed_and_share_keys_are_named():
     assert exercises.ch12_timer(seconds_per_call).ok
     assert timeit.Timer.__init__.__defaults__[2] is time.perf_counter  # put back
     rejected(exercises.ch12_dp_tp_bytes(jnp.bfloat16(45380)), "too coarse")
+
+
+def test_sweep_27_right_answers_and_clear_sentences():
+    def reversed_in_place(devices):
+        devices.reverse()  # the list the checker passed: its own copy
+        return Mesh(
+            np.array(devices).reshape(2, 2, 2),
+            ("pipe", "data", "model"),
+            axis_types=(AxisType.Explicit,) * 3,
+        )
+
+    assert exercises.ch01_reversed_mesh(reversed_in_place).ok
+    rejected(exercises.ch02_rows_on_device_1(np.ma.array([2], mask=[True])), "masked entries")
+
+    def flops(s):
+        return (6 * s.batch * s.features * s.hidden + 8 * s.batch * s.hidden * s.classes) * 1.1
+
+    rejected(exercises.ch17_step_flops(flops), ".")
+    assert "not 835584" not in exercises.ch17_step_flops(flops).message

@@ -1708,3 +1708,11 @@ def test_sweep_26_times_masks_and_labels(tmp_path, monkeypatch):
     for label in (-1, 99):  # under jit the labels are not known: the loss is nan, not wrong
         loss = jax.jit(models.cross_entropy)(logits, jnp.array([label, 0], jnp.int32))
         assert np.isnan(float(loss))
+
+
+# Sweep 27: a product that is exactly 0 where the result is not.
+def test_assert_product_names_an_entry_where_the_product_is_zero():
+    from book import checks
+
+    with pytest.raises(AssertionError, match="is 6 where A @ B is 0"):
+        checks.assert_product(np.full((2, 2), 6.0), np.zeros((2, 3)), np.ones((3, 2)))

@@ -820,3 +820,17 @@ def test_script_args_ends_a_mistyped_command_with_its_usage(monkeypatch, argv):
     with pytest.raises(SystemExit) as stop:
         book.multihost.script_args("Usage:\n\n    python x.py JSON\n", json_.loads)
     assert str(stop.value.code) == "x.py: give its argument as in: python x.py JSON"
+
+
+def test_a_workers_reader_error_comes_back_as_its_one_line_under_launch(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        '"""Usage:\n\n    python worker.py X\n"""\nimport book.multihost\n'
+        "from book.errors import ReaderError\n"
+        "(x,) = book.multihost.script_args(__doc__, str)\n"
+        'raise ReaderError("give a global batch divisible by 4.")\n'
+    )
+    with pytest.raises(book.multihost.WorkerError) as failed:
+        book.multihost.launch(worker, 1, 1, timeout=60, args=["a"])
+    assert "worker.py: give a global batch divisible by 4." in str(failed.value)
+    assert "Traceback" not in str(failed.value)

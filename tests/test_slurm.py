@@ -239,3 +239,10 @@ def test_time_from_refuses_a_moment_that_is_no_time(tmp_path, printed):
 
 def test_a_tasks_blank_lines_are_kept_as_printed():
     assert book.slurm.tasks(b"0: a\n0: \n0:    \n0: b\n", 1)[0] == "a\n\n   \nb\n"
+
+
+def test_a_job_slurm_does_not_know_is_named_in_one_sentence():
+    if not book.slurm.usable_nodes():
+        pytest.skip("no Slurm cluster answers here (make cluster)")
+    with pytest.raises(book.slurm.SlurmError, match="Slurm knows no job 99999; check the job id."):
+        book.slurm.job(99999)

@@ -72,8 +72,9 @@ def ch01_reversed_mesh(reversed_mesh):
     from jax.sharding import AxisType, Mesh
 
     devices = jax.devices()[:8]
-    function(reversed_mesh, "reversed_mesh", (devices,), "(devices)")
-    mesh = reversed_mesh(devices)
+    want = [d.id for d in reversed(devices)]  # before the reader's code may change the list
+    function(reversed_mesh, "reversed_mesh", (list(devices),), "(devices)")
+    mesh = reversed_mesh(list(devices))
     answered(mesh, "reversed_mesh returns nothing yet; return a jax.sharding.Mesh")
     need(
         isinstance(mesh, Mesh),
@@ -86,7 +87,6 @@ def ch01_reversed_mesh(reversed_mesh):
     )
     need(mesh.devices.shape == (2, 2, 2), f"The mesh has shape {mesh.devices.shape}, not 2x2x2.")
     order = [d.id for d in mesh.devices.ravel()]
-    want = [d.id for d in reversed(devices)]
     need(order == want, f"Read in order, the mesh holds devices {order}; it should be {want}.")
     need(
         all(t == AxisType.Explicit for t in mesh.axis_types),

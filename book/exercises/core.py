@@ -853,6 +853,8 @@ def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
     ``nan``, infinities and complex numbers, which no answer holds.
     """
     array = None
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        raise Wrong(f"{what} holds masked entries, which hold no numbers; give {example}.")
     if not isinstance(value, (str, bytes, dict, set)):
         with contextlib.suppress(Exception):  # NumPy's refusal of a ragged or odd list
             array = validate.widened(np.asarray(validate.scalar(value)))

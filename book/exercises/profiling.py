@@ -7,7 +7,15 @@ import math
 import numpy as np
 
 from book import validate
-from book.exercises.core import Wrong, answered, checker, function, need, number_returned
+from book.exercises.core import (
+    Wrong,
+    answered,
+    checker,
+    coarse,
+    function,
+    need,
+    number_returned,
+)
 from book.exercises.core import shown as _shown
 
 # Made-up runs for exercise 17.1: (device, name, start, duration) and each device's answer.
@@ -240,6 +248,7 @@ def ch17_step_flops(step_flops):
         want = _remat_flops(*dims)
         if _close(value, want):
             continue
+        coarse(got, value, want, "step_flops", 1e-9 * want)
         known = {
             4 * b * f * h + 6 * b * h * c: "that is the model's FLOPs; with remat the backward "
             "pass computes the forward pass again",
@@ -254,7 +263,8 @@ def ch17_step_flops(step_flops):
         for other, why in known.items():
             if _close(value, other):
                 raise Wrong(f"For {sizes}, {why}.")
-        raise Wrong(f"For {sizes} the step's products are {want:,} FLOPs, not {_shown(value)}.")
+        shown = _shown(value, 3 if value % 1 else 0)  # a fraction shown as one
+        raise Wrong(f"For {sizes} the step's products are {want:,} FLOPs, not {shown}.")
     sizes = models.Sizes(*_FLOP_SIZES[0])
     try:
         lowered = _lowered_flops(sizes)

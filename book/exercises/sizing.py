@@ -6,6 +6,7 @@ from book.exercises.core import (
     Wrong,
     answered,
     checker,
+    coarse,
     function,
     need,
     number_returned,
@@ -71,9 +72,10 @@ def ch18_tp_bytes(tp_bytes):
     for name, tp, batch, seq in _TP_CASES:
         model = sizing.PRESETS[name]
         want = sizing.plan(model, tp=tp, global_batch=batch, seq=seq, remat="none").comm["tp"]
-        got = tp_bytes(model, tp, batch, seq)
-        answered(got, "tp_bytes returns None")
-        got = number_returned(got, f"tp_bytes({name}, tp={tp}, ...)", "a number of bytes")
+        given = tp_bytes(model, tp, batch, seq)
+        answered(given, "tp_bytes returns None")
+        got = number_returned(given, f"tp_bytes({name}, tp={tp}, ...)", "a number of bytes")
+        coarse(given, got, want, "tp_bytes's answer", 1e-6 * want)
         stream = batch * seq * model.d_model * 2
         if abs(got - want) > 1e-6 * want:
             hints = {
@@ -88,5 +90,6 @@ def ch18_tp_bytes(tp_bytes):
                 "count 4 all-reduces of the stream per layer and 2 more, each sending "
                 "2(n-1)/n of it (book.cost.all_reduce_bytes)",
             )
-            raise Wrong(f"For {name} with tp={tp}: {got:,.0f} bytes, not {want:,.0f}: {hint}.")
+            shown = f"{got + 0.0:,.0f}"  # -0.0 shown as 0
+            raise Wrong(f"For {name} with tp={tp}: {shown} bytes, not {want:,.0f}: {hint}.")
     return "tp_bytes agrees with book.sizing.plan on every case tried."
