@@ -32,7 +32,7 @@ from book.errors import ReaderError
 # A dimension, and the mesh axes that split it where the argument has an explicit sharding:
 # f32[8@x,4], f32[8@(a,b),8].
 # Axis names may hold spaces and run long (any text JAX accepts but these separators).
-_DIM = r"\d{1,12}(?:@(?:[^,()\[\]@]{1,1000}|\([^()\[\]@]{1,4000}\)))?"
+_DIM = r"\d{1,20}(?:@(?:[^,()\[\]@]{1,1000}|\([^()\[\]@]{1,4000}\)))?"
 _TYPE = re.compile(
     rf"(bool|bf16|[fiuc]\d{{1,3}}(?:_[a-z0-9]{{1,12}})?)\[((?:{_DIM}(?:,{_DIM})*)?)\]"
     r"(?:\{[^{}]{0,4000}\})?",  # what varies over shard_map's axes: {V:data}

@@ -1716,3 +1716,26 @@ def test_assert_product_names_an_entry_where_the_product_is_zero():
 
     with pytest.raises(AssertionError, match="is 6 where A @ B is 0"):
         checks.assert_product(np.full((2, 2), 6.0), np.zeros((2, 3)), np.ones((3, 2)))
+
+
+# Sweep 27: huge residuals, an index longer than its shape, a bad layout, a quoted answer.
+def test_sweep_27_residuals_indexes_layouts_and_quotes():
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from book import exercises, residuals, shards
+    from book.exercises import manual
+    from book.exercises.core import line_mesh
+
+    huge = jax.ShapeDtypeStruct((10**12,), jnp.float32)
+    found = residuals.saved(lambda x: jnp.sin(jnp.sin(x)).sum(), huge)
+    assert [r.shape for r in found] == [(10**12,)] * 2
+    with pytest.raises(ReaderError, match="2 slices for a shape of 1 dimension;"):
+        shards.index_key((slice(0, 2), slice(0, 2)), (16,))
+    layout = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None), "b2": P()}
+    verdict = exercises.ch16_restore_on(lambda path, mesh: None, {**layout, "w1": P("m", "m")})
+    assert not verdict.ok and "names a mesh axis twice" in verdict.message
+    rows = manual._chapter_05_rows(line_mesh("i"))
+    verdict = exercises.ch05_predict_all_to_all((8, 1), rows[:, 2])
+    assert not verdict.ok and "does not hold [102.0, 112.0" in verdict.message

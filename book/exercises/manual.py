@@ -214,7 +214,7 @@ def ch05_predict_all_to_all(shape, held_at_3):
     )
     need(
         np.array_equal(values, real.ravel()),
-        f"Position 3 does not hold {validate.describe(held_at_3)}: it receives part 3 of every "
+        f"Position 3 does not hold {values.tolist()}: it receives part 3 of every "
         "row, one value from each sender, in the order of the senders.",
     )
     return (

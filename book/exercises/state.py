@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -176,6 +177,8 @@ def _check_layout(layout):
     from jax.sharding import PartitionSpec as P
 
     names = {"w1", "b1", "w2", "b2"}
+    if isinstance(layout, Mapping) and not isinstance(layout, dict):
+        layout = dict(layout)  # a read-only mapping is a layout too
     need(
         isinstance(layout, dict) and set(layout) == names,
         "Pass the chapter's layout: a dict of a PartitionSpec for each of w1, b1, w2 and b2.",
@@ -185,13 +188,24 @@ def _check_layout(layout):
         "Each entry of layout should be a PartitionSpec, such as P('data', 'model').",
     )
     axes = set()
-    for spec in layout.values():
-        for part in spec:
-            axes |= set(part) if isinstance(part, tuple) else {part}
+    for name, spec in layout.items():
+        named = [a for part in spec for a in (part if isinstance(part, tuple) else (part,))]
+        need(
+            len(spec) <= (1 if name.startswith("b") else 2),
+            f"layout[{name!r}] is {spec}, more dimensions than {name} has; give one entry per "
+            "dimension.",
+        )
+        need(
+            len([a for a in named if a]) == len(set(a for a in named if a)),
+            f"layout[{name!r}] is {spec}, which names a mesh axis twice; an axis splits one "
+            "dimension at most.",
+        )
+        axes |= set(named)
     need(
         axes <= {"data", "model", None},
         "The layout names mesh axes other than 'data' and 'model'; use the chapter's layout.",
     )
+    return layout
 
 
 @checker
@@ -211,7 +225,7 @@ def ch16_restore_on(restore_on, layout):
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    _check_layout(layout)
+    layout = _check_layout(layout)
     saving = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     target = jax.make_mesh((1, 8), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     folder = Path(scratch_folder("ch16-exercise-"))
