@@ -44,11 +44,6 @@ def index_key(index, shape) -> tuple[tuple[int, int], ...]:
     """A shard's index as (start, stop) per dimension: equal keys mean the same slice."""
     index = validate.slices(index, "index")
     shape = validate.sizes(shape, "shape", low=0, max_rank=64)  # NumPy's most dimensions
-    if len(index) > len(shape):
-        raise ShardError(
-            f"The index has {len(index)} slices for a shape of {len(shape)} "
-            f"dimension{'s' if len(shape) != 1 else ''}; give one slice per dimension."
-        )
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 
