@@ -743,6 +743,28 @@ def test_env_cannot_set_what_launch_gives_each_worker(tmp_path, key):
         book.multihost.launch(script, 2, 1, timeout=30, env={key: "1"})
 
 
+def by_hand(tmp_path, chapter, script, args, devices=None):
+    """A chapter's worker script, as its %%writefile cell writes it, run by hand: no launcher
+    and no Slurm task around it."""
+    import json as json_
+
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / f"{chapter}.ipynb"
+    (source,) = [
+        "".join(c["source"])
+        for c in json_.loads(notebook.read_text())["cells"]
+        if "".join(c["source"]).startswith(f"%%writefile {script}")
+    ]
+    path = tmp_path / script
+    path.write_text(source.partition("\n")[2])
+    env = {**os.environ, "PYTHONPATH": str(notebook.parent.parent), "JAX_PLATFORMS": "cpu"}
+    env = {k: v for k, v in env.items() if not k.startswith(("JAX_NUM_PROC", "SLURM_"))}
+    if devices is not None:
+        env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    return subprocess.run(
+        [sys.executable, str(path), *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
 @pytest.mark.parametrize(
     "chapter, script, bad",
     [
@@ -755,21 +777,7 @@ def test_env_cannot_set_what_launch_gives_each_worker(tmp_path, key):
 def test_a_chapters_worker_script_typed_wrong_by_hand_says_how_to_call_it(
     tmp_path, chapter, script, bad
 ):
-    import json as json_
-
-    notebook = Path(__file__).resolve().parent.parent / "notebooks" / f"{chapter}.ipynb"
-    (source,) = [
-        "".join(c["source"])
-        for c in json_.loads(notebook.read_text())["cells"]
-        if "".join(c["source"]).startswith(f"%%writefile {script}")
-    ]
-    path = tmp_path / script
-    path.write_text(source.partition("\n")[2])
-    env = {**os.environ, "PYTHONPATH": str(notebook.parent.parent), "JAX_PLATFORMS": "cpu"}
-    env.pop("JAX_NUM_PROCESSES", None)
-    done = subprocess.run(
-        [sys.executable, str(path), *bad], capture_output=True, text=True, env=env, timeout=120
-    )
+    done = by_hand(tmp_path, chapter, script, bad)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith(f"{script}: give its ") and "python " in done.stderr
 
@@ -790,22 +798,7 @@ def test_a_chapters_worker_script_run_by_hand_ends_in_one_sentence(
     tmp_path, chapter, script, args, devices, said
 ):
     # Valid arguments and no launcher around it, or sizes its devices cannot split.
-    import json as json_
-
-    notebook = Path(__file__).resolve().parent.parent / "notebooks" / f"{chapter}.ipynb"
-    (source,) = [
-        "".join(c["source"])
-        for c in json_.loads(notebook.read_text())["cells"]
-        if "".join(c["source"]).startswith(f"%%writefile {script}")
-    ]
-    path = tmp_path / script
-    path.write_text(source.partition("\n")[2])
-    env = {**os.environ, "PYTHONPATH": str(notebook.parent.parent), "JAX_PLATFORMS": "cpu"}
-    env = {k: v for k, v in env.items() if not k.startswith(("JAX_NUM_PROC", "SLURM_"))}
-    env["JAX_NUM_CPU_DEVICES"] = str(devices)
-    done = subprocess.run(
-        [sys.executable, str(path), *args], capture_output=True, text=True, env=env, timeout=120
-    )
+    done = by_hand(tmp_path, chapter, script, args, devices)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"{script}: ") and said in line

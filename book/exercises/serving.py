@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from book.exercises.core import answered, checker, need, number, whole
+from book.exercises.core import answered, checker, coarse, need, number, whole
 from book.exercises.core import shown as _shown
 
 # Exercise 20.1: Llama 3 70B on 8 H100s, TP, this many cached tokens.
@@ -37,18 +37,11 @@ def ch20_largest_batch(batch, per_chip):
     )
     need(batch == largest, f"Not {batch}: it fits, but so does {batch + 1}; find the largest.")
     answered(per_chip, "set per_chip to the tokens per second per chip at that batch")
-    kind = getattr(per_chip, "dtype", None)  # a bfloat16 or float16 holds 3 digits at most
-    per_chip = number(per_chip, "per_chip")
+    given, per_chip = per_chip, number(per_chip, "per_chip")
     want = _plan(largest).decode_seconds("H100").per_chip
-    close = abs(per_chip - want) <= 1e-3 * want
-    coarse = kind is not None and getattr(kind, "itemsize", 8) <= 2
+    coarse(given, per_chip, want, "per_chip", 1e-3 * want)  # 16 bits hold 3 digits at most
     need(
-        close or not coarse or abs(per_chip - want) > 1e-2 * want,
-        f"per_chip is a {kind}, too coarse for the answer ({_shown(per_chip, 1)}); pass it as "
-        "a Python float.",
-    )
-    need(
-        close,
+        abs(per_chip - want) <= 1e-3 * want,
         f"The batch is right, but per_chip is {_shown(per_chip, 1)}, not {want:,.1f}: use "
         "decode_seconds('H100').per_chip of that plan.",
     )
