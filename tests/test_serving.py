@@ -169,5 +169,5 @@ def test_decoding_past_the_end_of_the_cache_is_refused_not_clamped():
             serving.decode(params, token, cache, pos, steps, cfg)
     with pytest.raises(ValueError, match="a cache of 3 positions: no prompt of 4"):
         serving.prefill(params, prompts, 3, cfg)
-    with pytest.raises(ValueError, match="no 9 steps from"):  # pos traced: the length alone
+    with pytest.raises(ValueError, match="no 9 steps from a traced position"):  # the length alone
         jax.jit(serving.decode, static_argnums=(4, 5))(params, token, cache, 4, 9, cfg)

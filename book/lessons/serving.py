@@ -86,7 +86,8 @@ def decode(params, token, cache, pos, steps, cfg, layout=None):
     start = int(pos) if known else 0
     whole = jnp.issubdtype(type(steps), jnp.integer) and (not known or start == pos)
     if not whole or not 0 <= steps <= length - start <= length:
-        raise ValueError(f"a cache of {length} positions: no {steps} steps from {pos}")
+        at = pos if known else "a traced position"
+        raise ValueError(f"a cache of {length} positions: no {steps} steps from {at}")
 
     def step(carry, _):
         token, cache, pos = carry
