@@ -35,7 +35,9 @@ ENDED = {
     "PREEMPTED",
     "TIMEOUT",
 }
-USABLE = {"idle", "mix"}  # node states (sinfo's %t) with CPUs free for a new job
+# Node states (sinfo's %t) with CPUs free for a new job, or soon free: "comp" is a node whose
+# jobs are all ending, as it is for a few seconds after each job.
+USABLE = {"idle", "mix", "comp"}
 _POLL_SECONDS = 0.2
 _LABEL = re.compile(rb"^ *(\d{1,9}): ?(.*)$")  # with 10 tasks or more, labels are padded
 SRUN_PIECE = 1024  # bytes: srun --label prints a longer line as labelled pieces this long
@@ -59,7 +61,8 @@ class SlurmError(ReaderError, RuntimeError):
 
 
 def usable_nodes(timeout: float = 10) -> list[str]:
-    """The nodes ``sinfo`` lists as idle or partly used; empty where no Slurm answers.
+    """The nodes ``sinfo`` lists as idle, partly used or ending their jobs; empty where no Slurm
+    answers.
 
     No ``sinfo`` on the PATH, a ``sinfo`` that fails (no configuration, no controller) or one
     that does not answer within ``timeout`` seconds all mean the same to a chapter: no cluster
