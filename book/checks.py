@@ -41,6 +41,8 @@ def _numbers(value, name: str) -> np.ndarray:
                 array = array.astype(np.float64)
         except Exception:  # noqa: BLE001 - a ragged or self-holding list, an odd object
             array = None
+    if array is not None and array.dtype.kind == "c":
+        raise validate.WrongKind(f"{name} must hold real numbers, not complex ones.")
     if array is None or array.dtype.kind not in "biuf":
         raise validate.WrongKind(
             f"{name} must be an array of numbers, not {validate.describe(value)}."

@@ -605,6 +605,8 @@ def check_epoch(ids, num_examples: int) -> None:
     as such, never as an example seen.
     """
     num_examples = validate.whole(num_examples, "The number of examples", high=MAX_EXAMPLES)
+    if np.ma.is_masked(ids):
+        raise ReaderError("ids holds masked entries, which are no example numbers; pass the ids.")
     try:
         ids = np.asarray(ids).ravel()
     except Exception:

@@ -44,6 +44,15 @@ def index_key(index, shape) -> tuple[tuple[int, int], ...]:
     """A shard's index as (start, stop) per dimension: equal keys mean the same slice."""
     index = validate.slices(index, "index")
     shape = validate.sizes(shape, "shape", low=0, max_rank=64)  # NumPy's most dimensions
+    # A key array's shards carry one whole slice more, over the key's own data: only whole
+    # slices may go past the shape's dimensions.
+    for extra in index[len(shape) :]:
+        if extra != slice(None):
+            raise ShardError(
+                f"index has {len(index)} slices for a shape of {len(shape)} dimensions, and "
+                f"{extra} past them is not the whole of a dimension; give one slice per "
+                "dimension of the shape."
+            )
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 
@@ -126,6 +135,7 @@ def trace_moves(before, after) -> tuple[dict[tuple[int, int], list], set[int]]:
 
     Returns ``{(source, destination): [values]}`` and the destinations holding zeros that no
     input had (what ``ppermute`` writes where nobody sends). Inputs must hold distinct values.
+    Input values that no output holds are in no move: a slice of the input traces as a slice.
     """
     before, after = blocks(before), blocks(after)
     home = {}

@@ -203,24 +203,29 @@ def time_from(processes, logs, start: str, count: int, timeout: float = 120) -> 
     The caller stops those. Raises ``SlurmError`` after ``timeout`` seconds.
     """
     processes, logs = validate.plain(processes), validate.plain(logs)
-    if (
-        not isinstance(processes, dict)
-        or not processes
-        or not all(callable(getattr(p, "poll", None)) for p in processes.values())
-    ):
+    if not isinstance(processes, dict) or not processes:
+        given = "an empty dict" if processes == {} else validate.describe(processes)
         raise SlurmError(
-            "processes must be a dict from names to running subprocess.Popen objects, not "
-            f"{validate.describe(processes)}."
+            f"processes must be a dict from names to running subprocess.Popen objects, not {given}."
         )
-    if (
-        not isinstance(logs, dict)
-        or any(name not in logs for name in processes)
-        or not all(_log_path(logs[name]) for name in processes)
-    ):
+    for name, proc in processes.items():
+        if not callable(getattr(proc, "poll", None)):
+            raise SlurmError(
+                f"processes[{name!r}] is {validate.describe(proc)}; give the subprocess.Popen "
+                "that runs the step."
+            )
+    if not isinstance(logs, dict):
         raise SlurmError(
             f"logs must be a dict with a log file for each of {validate.describe(list(processes))}"
             f", not {validate.describe(logs)}."
         )
+    for name in processes:
+        if name not in logs or not _log_path(logs[name]):
+            given = validate.describe(logs[name]) if name in logs else "missing"
+            raise SlurmError(
+                f"The log of {name!r} is {given}; give the path of a regular file (or of one "
+                "not yet written) that the step's output goes to."
+            )
     count = validate.whole(count, "count", high=len(processes), example=2)
     timeout = validate.seconds(timeout, "timeout")
     pattern = validate.pattern(start, "start", error=SlurmError)
@@ -356,10 +361,13 @@ def tasks(text: str | bytes, num_tasks: int, script: str = "") -> Outputs:
     num_tasks = validate.whole(num_tasks, "num_tasks", high=validate.MAX_DEVICES, example=2)
     pieces: list[list[bytes]] = [[] for _ in range(num_tasks)]
     going_on = [False] * num_tasks  # the task's last piece was cut where srun cuts
+    beyond: set[int] = set()  # labels of tasks past num_tasks
     # Lines end at "\n" only: a task may print "\u2028" or "\f" inside a line of its own.
     for line in data.removesuffix(b"\n").split(b"\n") if data else []:
         found = _LABEL.match(line)
-        if found and int(found.group(1)) < num_tasks:
+        if found and int(found.group(1)) >= num_tasks:
+            beyond.add(int(found.group(1)))
+        elif found:
             task, piece = int(found.group(1)), found.group(2)
             cut = len(piece) == SRUN_PIECE  # before a "\r" that ends the line is taken off
             piece = piece if cut else piece.removesuffix(b"\r")
@@ -368,6 +376,11 @@ def tasks(text: str | bytes, num_tasks: int, script: str = "") -> Outputs:
             else:
                 pieces[task].append(piece)
             going_on[task] = cut
+    if beyond:
+        raise SlurmError(
+            f"The output holds lines labelled for task {min(beyond)}, but num_tasks is "
+            f"{num_tasks} (tasks 0 to {num_tasks - 1}); pass the number of tasks the step ran."
+        )
     texts = []
     for task in pieces:
         task = [piece.decode("utf-8", "replace") for piece in task]

@@ -79,22 +79,32 @@ def static_form(
     ``rest(value)`` gives the other controls' (label, options) for one value of the first, in
     the order ``render`` takes them after it. Identical renderings are stored once.
     """
-    label, options = first
-    options = [str(o) for o in options]  # what a select's value is: text
+    for name, given in (("rest", rest), ("render", render)):
+        if not callable(given):
+            raise ReaderError(f"{name} must be a function, not {validate.describe(given)}.")
+    if not isinstance(note, str):
+        raise ReaderError(f"note must be a text, not {validate.describe(note)}.")
+    label, options = _control(first, "first")
     if not options:
         raise ReaderError(f"The control {label!r} has no options; give it at least one.")
     views, index, keys, rest_options = [], {}, {}, {}
     rest_labels = None
     for value in options:
-        controls = list(rest(value))
-        labels = [str(name) for name, _ in controls]
+        given = rest(value)
+        if not isinstance(given, (list, tuple)):
+            raise ReaderError(
+                f"rest({value!r}) gave {validate.describe(given)}; return a list of (label, "
+                "options) pairs."
+            )
+        controls = [_control(c, f"A control of rest({value!r})") for c in given]
+        labels = [name for name, _ in controls]
         if rest_labels is not None and labels != rest_labels:
             raise ReaderError(
                 f"rest gives {value!r} the controls {labels}, and {options[0]!r} {rest_labels}; "
                 "the page has one set of controls: give every value the same labels."
             )
         rest_labels = labels
-        rest_options[value] = [[str(o) for o in opts] for _, opts in controls]
+        rest_options[value] = [opts for _, opts in controls]
         if not all(rest_options[value]):
             raise ReaderError(f"rest gives {value!r} a control with no options; give each one.")
         for combo in itertools.product(*rest_options[value]):
@@ -117,6 +127,21 @@ def static_form(
         f"<script type='application/json' class='bk-data'>{_safe_json(data)}</script>"
         f"{_SCRIPT}</div>"
     )
+
+
+def _control(control, what: str) -> tuple[str, list[str]]:
+    """A control as (label, options), its options as text, as a select's values are."""
+    if (
+        not isinstance(control, (list, tuple))
+        or len(control) != 2
+        or not isinstance(control[0], str)
+        or not isinstance(control[1], (list, tuple, range))
+    ):
+        raise ReaderError(
+            f"{what} must be a (label, options) pair such as ('mesh', ['2x4', '8']), not "
+            f"{validate.describe(control)}."
+        )
+    return control[0], [str(o) for o in control[1]]
 
 
 def _key(values) -> str:

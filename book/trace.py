@@ -226,6 +226,13 @@ def _names(events, kind: str) -> dict:
     return names
 
 
+def _name(index: int, field: str, value) -> str:
+    """A name an event carries (an instruction, a program, a run): text, or a run's number."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return str(value)
+    raise _bad(index, field, value, "a name")
+
+
 def _whole(index: int, field: str, value, high: int) -> int:
     """A device ordinal or step number: a whole number from 0, as a number or its digits."""
     name = f"Event {index}'s {field}"
@@ -290,14 +297,15 @@ def read(path) -> Trace:
             continue
         start, duration = _time(index, e, "ts"), _time(index, e, "dur")
         if device is not None:
-            own = str(e.get("name", ""))
-            name = str(args.get("hlo_op", own))
-            program, run = str(args.get("hlo_module", "")), str(args.get("run_id", ""))
+            own = _name(index, "name", e.get("name", ""))
+            name = _name(index, "hlo_op", args.get("hlo_op", own))
+            program = _name(index, "hlo_module", args.get("hlo_module", ""))
+            run = _name(index, "run_id", args.get("run_id", ""))
             kernel = own if own != name else ""
             ops.append(Op(device, name, program, start, duration, run, kernel))
         else:
             number = _whole(index, "step_num", args["step_num"], validate.MAX_SIZE)
-            steps.append(Step(str(e.get("name", "")), number, start, duration))
+            steps.append(Step(_name(index, "name", e.get("name", "")), number, start, duration))
     ops.sort(key=lambda op: (op.start, op.device))
     steps.sort(key=lambda s: s.start)
     return Trace(tuple(ops), tuple(steps))

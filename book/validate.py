@@ -46,6 +46,15 @@ class WrongKind(ReaderError, TypeError):
     ``jax.Array`` or a function for its compiled program."""
 
 
+def _seconds_text(value) -> str:
+    """A count of seconds as a sentence says it: '7200 seconds', 'a number of seconds with
+    about 31 digits'."""
+    text = describe(value)
+    if text.startswith("a number with"):
+        return text.replace("a number with", "a number of seconds with", 1)
+    return f"{text} seconds"
+
+
 def describe(value, limit: int = 40, _depth: int = 0) -> str:
     """``value`` as a message can quote it: short, on one line, and never an error of its own.
 
@@ -377,7 +386,7 @@ def seconds(
         raise error(f"{name} must be more than 0 seconds, not {describe(value)}.")
     if number > high:
         raise error(
-            f"{name} is {describe(value)} seconds, longer than the book ever waits; use at "
+            f"{name} is {_seconds_text(value)}, longer than the book ever waits; use at "
             f"most {high:g}."
         )
     return number

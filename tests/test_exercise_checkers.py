@@ -123,6 +123,7 @@ def test_ch03_sum_groups():
     rejected(exercises.ch03_sum_groups([[0, 4, 1, 5], [2, 6, 3, 7]], P("model")), "column")
     rejected(exercises.ch03_sum_groups(columns, P()), "split over 'model'")
     rejected(exercises.ch03_sum_groups(3, P()), "list of lists")
+    rejected(exercises.ch03_sum_groups([*columns, []], P("model")), "holds an empty group")
 
 
 def test_ch04_predict_types():
@@ -135,6 +136,7 @@ def test_ch04_predict_types():
     not_swapped = (P("data", "model"), *right[1:])
     rejected(exercises.ch04_predict_types(*not_swapped, moving), "x.T has type")
     rejected(exercises.ch04_predict_types(*right, {"sorted"}), "use names from")
+    rejected(exercises.ch04_predict_types(*right, {b"sliced"}), "a set holding b'sliced'")
     rejected(exercises.ch04_predict_types(None, None, None, None), "Not answered yet")
 
 
@@ -231,6 +233,12 @@ def test_ch07_sum_dp():
     )
     rejected(exercises.ch07_sum_dp(sum_dp(collective=None)), "out_specs P() promises a value")
     rejected(exercises.ch07_sum_dp(lambda params, x, y: None), "Not answered yet")
+
+    def complex_loss(params, x, y):
+        loss, grads = sum_dp()(params, x, y)
+        return loss + 0j, grads
+
+    rejected(exercises.ch07_sum_dp(complex_loss), "The loss holds complex numbers; it should")
 
 
 def masked_dp(mean_of_means=False):

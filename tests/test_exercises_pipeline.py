@@ -63,10 +63,11 @@ def test_by_stage_gives_group_g_of_stage_s_run_g_p_plus_s_and_inverts():
 
 
 @pytest.mark.parametrize(
-    "stacked, p, v", [(np.arange(16), 3, 1), (np.arange(8), 0, 2), (1.0, 2, 1)]
+    "stacked, p, v",
+    [(np.arange(16), 3, 1), (np.arange(8), 0, 2), (1.0, 2, 1), (np.arange(8), -4, -2)],
 )
 def test_by_stage_of_layers_that_do_not_split_evenly_says_so(stacked, p, v):
-    with pytest.raises(ValueError, match=f"p x v = {p * v} must divide the"):
+    with pytest.raises(ValueError, match=f"p = {p} and v = {v}, each 1 or more, must divide"):
         pipeline.by_stage(stacked, p, v)
 
 

@@ -323,6 +323,11 @@ def test_assert_product_fails_a_product_that_is_not_finite(result):
         checks.assert_product(result, A, B)
 
 
+def test_assert_product_names_a_complex_result_as_such():
+    with pytest.raises(ReaderError, match="must hold real numbers, not complex ones"):
+        checks.assert_product(A @ B + 0j, A, B)
+
+
 @pytest.mark.parametrize("rtol", [math.nan, math.inf, -1e-5, 0, 2, "1e-5", True])
 def test_assert_product_refuses_a_tolerance_that_checks_nothing(rtol):
     with pytest.raises(ReaderError):
@@ -1170,6 +1175,16 @@ def test_odd_slices_are_refused_in_one_sentence(index):
         shards.index_key((slice(None),), "3")
 
 
+def test_an_index_longer_than_the_shape_may_only_add_whole_slices():
+    from book import shards
+
+    with pytest.raises(ReaderError, match="give one slice per dimension") as caught:
+        shards.index_key((slice(0, 2), slice(0, 2)), (16,))
+    one_sentence(caught.value)
+    # A key array's shard: its extra slice covers the key's own data.
+    assert shards.index_key((slice(0, 2), slice(None)), (16,)) == ((0, 2),)
+
+
 def test_absurd_attention_and_expert_sizes_name_what_the_reader_passed():
     with pytest.raises(ReaderError, match="expert_parallel is too large"):
         sizing.moe_all_to_all_bytes(
@@ -1228,8 +1243,13 @@ def test_time_from_refuses_a_fifo_and_a_moment_yet_to_come(tmp_path):
     run.wait()
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with pytest.raises(ReaderError, match="logs must be a dict"):
+    with pytest.raises(ReaderError, match="The log of 'a' is .*; give the path of a regular") as e:
         slurm.time_from({"a": run}, {"a": fifo}, r"at: (\S+)", 1, timeout=2)
+    one_sentence(e.value)
+    with pytest.raises(ReaderError, match="not an empty dict"):
+        slurm.time_from({}, {}, r"at: (\S+)", 1, timeout=2)
+    with pytest.raises(ReaderError, match=r"processes\['a'\] is None; give the subprocess"):
+        slurm.time_from({"a": None}, {"a": fifo}, r"at: (\S+)", 1, timeout=2)
     later = tmp_path / "later"
     later.write_text(f"at: {clock.time() + 1000}\n")
     with pytest.raises(ReaderError, match="which is no time.time"):

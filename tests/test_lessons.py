@@ -71,3 +71,11 @@ def test_a_chapter_without_export_cells_is_refused(tmp_path):
     path.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4}))
     with pytest.raises(ValueError, match="no code cells tagged"):
         export.render(path, "none")
+
+
+@pytest.mark.parametrize("sizes", [{"n_layers": 2.5}, {"d_model": True}, {"d_head": 0}])
+def test_a_config_of_sizes_that_are_not_whole_counts_is_refused(sizes):
+    from book.lessons.transformer import Config
+
+    with pytest.raises(ValueError, match="give whole sizes >= 1"):
+        Config(**sizes)

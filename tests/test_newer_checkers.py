@@ -31,6 +31,11 @@ def test_ulysses_wins():
     assert exercises.ch21_ulysses_wins(right_answer).ok
     assert exercises.ch21_ulysses_wins(lambda h, k, n: np.bool_(right_answer(h, k, n))).ok
     judged(exercises.ch21_ulysses_wins(None), "Not answered yet")
+
+    def masked(h, k, n):
+        return np.ma.array(right_answer(h, k, n), mask=True)
+
+    judged(exercises.ch21_ulysses_wins(masked), "returned a masked value")
     judged(exercises.ch21_ulysses_wins(lambda h, k, n: k % n == 0), "the ring sends fewer")
     judged(exercises.ch21_ulysses_wins(lambda h, k, n: h + k < k * n), "Ulysses cannot run")
     judged(exercises.ch21_ulysses_wins(lambda h, k, n: "yes"), "return True or False")

@@ -78,6 +78,7 @@ def test_as_rate_accepts_one_weak_type():
         (lambda v: v, "compiled 2 times"),
         (jnp.asarray, "for 0.1 but float32[] for np.float64(0.05)"),
         (lambda v: "0.1", "which JAX cannot pass to a step"),
+        (np.longdouble, f"a NumPy {np.dtype(np.longdouble).name} (0.1), which JAX cannot"),
         (lambda v: np.full(2, v, np.float32), "return one number"),
         (lambda v: np.float32(0.1), "changed the rate's value"),
         (np.float32, "turns bfloat16 weights into float32"),

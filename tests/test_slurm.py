@@ -46,7 +46,6 @@ def test_tasks_splits_labelled_output_and_drops_notices_and_slurm_lines():
         "0: [Gloo] Rank 0 is connected to 7 peer ranks. Expected number of connected peer ranks "
         "is : 7\n"
         "1: sum: 3\n"
-        "7: from a task the caller did not count\n"
     )
     # Pieces of notices written by several threads at once, as srun passed them on.
     text += "1: [Gloo] Rank 1 is connected to 7 peer ranks. [Gloo] Rank 2 is connected to "
@@ -61,6 +60,12 @@ def test_tasks_splits_labelled_output_and_drops_notices_and_slurm_lines():
     assert list(outputs) == ["process_index: 0\n", "process_index: 1\nsum: 3\ntotal: 4\n"]
     assert outputs.script == "w.py"
     assert book.slurm.tasks("", 2) == ["", ""]
+
+
+def test_lines_of_tasks_past_num_tasks_are_named_not_dropped():
+    with pytest.raises(SlurmError, match="labelled for task 2, but num_tasks is 2") as caught:
+        book.slurm.tasks("0: a\n1: b\n2: c\n5: lost\n", 2)
+    assert "\n" not in str(caught.value)
 
 
 def test_a_tasks_own_numbers_and_line_separators_are_kept():
@@ -235,8 +240,10 @@ def test_time_from_refuses_a_moment_that_is_no_time(tmp_path, printed):
     run.wait()
     with pytest.raises(SlurmError, match="which is no time.time"):
         book.slurm.time_from({"a": run}, {"a": log}, r"fails at: (\S+)", 1, timeout=5)
-    with pytest.raises(SlurmError, match="logs must be a dict"):
+    with pytest.raises(SlurmError, match="The log of 'a' is 5; give the path"):
         book.slurm.time_from({"a": run}, {"a": 5}, r"fails at: (\S+)", 1, timeout=5)
+    with pytest.raises(SlurmError, match="logs must be a dict"):
+        book.slurm.time_from({"a": run}, [log], r"fails at: (\S+)", 1, timeout=5)
 
 
 def test_a_tasks_blank_lines_are_kept_as_printed():

@@ -90,3 +90,27 @@ def test_controls_that_differ_between_values_are_refused_not_drawn_wrong(rest, s
 def test_a_render_that_gives_no_text_or_a_control_without_options_is_refused(first, render, said):
     with pytest.raises(ReaderError, match=said):
         static_forms.static_form(first, lambda v: [("chips", ["1"])], render)
+
+
+def bold(*choices):
+    return "<b>" + "|".join(choices) + "</b>"
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        ((("a", None), lambda v: [], bold), "first must be a (label, options) pair"),
+        (("a", lambda v: [], bold), "first must be a (label, options) pair"),
+        (((5, ["x"]), lambda v: [], bold), "not (5, ['x'])"),
+        ((("a", ["x"]), lambda v: None, bold), "rest('x') gave None; return a list"),
+        ((("a", ["x"]), lambda v: ["bb"], bold), "A control of rest('x') must be a (label"),
+        ((("a", ["x"]), [("b", ["1"])], bold), "rest must be a function, not a list"),
+        ((("a", ["x"]), lambda v: [], "<b>"), "render must be a function"),
+    ],
+)
+def test_malformed_arguments_are_named_in_one_sentence(args, said):
+    with pytest.raises(ReaderError, match=re.escape(said)) as caught:
+        static_forms.static_form(*args)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ReaderError, match="note must be a text, not 5"):
+        static_forms.static_form(("a", ["x"]), lambda v: [], bold, note=5)

@@ -414,6 +414,7 @@ def ch03_sum_groups(groups, out_spec):
     ]
     every = [d for g in listed for d in g]
     need(len(every) == len(set(every)), "A device belongs to one group: list each id once.")
+    need(all(listed), "groups holds an empty group; every group adds at least one device.")
     yours = {frozenset(g) for g in listed}
     mesh_rows = {frozenset(d.id for d in row) for row in mesh.devices}
     need(
@@ -480,11 +481,15 @@ def ch04_predict_types(transposed, concatenated, sliced, moves_data):
         moves_data = moves_data.ravel().tolist()
     elif isinstance(moves_data, type({}.keys())):
         moves_data = list(moves_data)
+    container = isinstance(moves_data, (set, frozenset, list, tuple))
+    odd = [m for m in moves_data if not isinstance(m, str)] if container else []
+    given = validate.describe(moves_data)
+    if odd:  # bytes shown as typed: b'sliced' reads as the slip it is
+        first = repr(odd[0])[:40] if isinstance(odd[0], bytes) else validate.describe(odd[0])
+        given = f"a {type(moves_data).__name__} holding {first}"
     need(
-        isinstance(moves_data, (set, frozenset, list, tuple))
-        and all(isinstance(m, str) for m in moves_data),
-        f"moves_data should be a set of names, such as {{'sliced'}}, not "
-        f"{validate.describe(moves_data)}.",
+        container and not odd,
+        f"moves_data should be a set of names, such as {{'sliced'}}, not {given}.",
     )
     moves_data = set(moves_data)
     unknown = moves_data - set(answers)

@@ -43,6 +43,8 @@ def ulysses_cheaper(heads: int, kv_heads: int, n: int) -> bool:
 
 def _is_bool(value) -> bool:
     """True or False, as Python, NumPy or a 0-d JAX array of booleans gives it."""
+    if np.ma.is_masked(value):  # a masked value holds no answer, whatever lies under it
+        return False
     try:
         return np.ndim(value) == 0 and np.asarray(value).dtype == bool
     except Exception:  # noqa: BLE001 - an object whose own methods fail is no boolean

@@ -165,9 +165,13 @@ def ch17_as_rate(as_rate):
         try:
             kind = jax.typeof(rate)
         except TypeError:
+            given = validate.describe(rate)
+            dtype = getattr(rate, "dtype", None)
+            if isinstance(dtype, np.dtype) and dtype.kind in "fc":  # float128 and the like
+                given = f"a NumPy {dtype.name} ({given})"
             raise Wrong(
-                f"as_rate({label}) returned {validate.describe(rate)}, which JAX cannot pass to "
-                "a step; return a number."
+                f"as_rate({label}) returned {given}, which JAX cannot pass to a step; return "
+                "a Python float or a JAX scalar."
             ) from None
         need(kind.shape == (), f"as_rate({label}) has shape {kind.shape}; return one number.")
         types[label] = str(kind)

@@ -85,9 +85,11 @@ def _compare(label, got, want, factors=None, known=()):
     except Exception:  # noqa: BLE001 - a ragged or self-holding list
         values = None
     if values is None or values.dtype.kind not in "biuf":  # strings, objects, complex numbers
+        complex_ = values is not None and values.dtype.kind == "c"
+        given = "holds complex numbers" if complex_ else f"is {validate.describe(got)}"
         raise Wrong(
-            f"{label} is {validate.describe(got)}; it should be an array of real numbers of "
-            f"shape {shape}, as on one device."
+            f"{label} {given}; it should be an array of real numbers of shape {shape}, as on "
+            "one device."
         )
     got = values.astype(np.float64)
     need(

@@ -20,8 +20,10 @@ def by_stage(stacked, p, v=1):
     """
     stacked = np.asarray(stacked)
     layers = stacked.shape[0] if stacked.ndim else 0
-    if not layers or p * v < 1 or layers % (p * v):
-        raise ValueError(f"p x v = {p * v} must divide the {layers} stacked layers")
+    if not layers or p < 1 or v < 1 or layers % (p * v):
+        raise ValueError(
+            f"p = {p} and v = {v}, each 1 or more, must divide {layers} layers"
+        )
     return stacked.reshape(v, p, -1, *stacked.shape[1:]).swapaxes(0, 1)
 
 

@@ -29,9 +29,13 @@ class Config:
     n_layers: int = 2
 
     def __post_init__(self):  # a query head left over would be dropped without a word
-        if min(dataclasses.astuple(self)) < 1 or self.n_heads % self.n_kv_heads:
+        sizes = dataclasses.astuple(self)
+        whole = all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in sizes
+        )
+        if not whole or min(sizes) < 1 or self.n_heads % self.n_kv_heads:
             raise ValueError(
-                f"{self}: give sizes of 1 or more, n_heads a multiple of n_kv_heads"
+                f"{self}: give whole sizes >= 1, n_heads a multiple of n_kv_heads"
             )
 
 
