@@ -136,7 +136,8 @@ def ch02_predict(shard_shape, replication):
 
 @checker
 def ch02_rows_on_device_1(rows):
-    """Exercise 2.2: which rows of the 8x8 matrix device 1 holds under P(('model', 'data'))."""
+    """Exercise 2.2: which rows of the 8x8 matrix the device at data=0, model=1 holds under
+    P(('model', 'data')): device 1 on mock devices, another where make_mesh orders a TPU's."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -150,19 +151,18 @@ def ch02_rows_on_device_1(rows):
         f"rows should be whole row numbers, such as [2], not {validate.describe(rows)}.",
     )
     rows = [int(r) for r in given]
-    x = jax.device_put(
-        np.arange(64).reshape(8, 8), NamedSharding(_mesh_2x4(), P(("model", "data"), None))
-    )
-    device = jax.devices()[1]
+    mesh = _mesh_2x4()
+    x = jax.device_put(np.arange(64).reshape(8, 8), NamedSharding(mesh, P(("model", "data"), None)))
+    device = mesh.devices[0, 1]
     shard = next(s for s in x.addressable_shards if s.device == device)
     real = list(range(*shard.index[0].indices(8)[:2]))
     shown = f"rows {sorted(rows)}" if len(rows) <= 8 else f"{len(rows):,} rows"
     need(
         sorted(rows) == real,
-        f"Device 1 does not hold {shown}: with 'model' as the major axis, rows are "
-        "dealt out along 'model' first, then along 'data'.",
+        f"The device at data=0, model=1 does not hold {shown}: with 'model' as the major "
+        "axis, rows are dealt out along 'model' first, then along 'data'.",
     )
-    return f"device 1 (data=0, model=1) holds row {real[0]}."
+    return f"the device at data=0, model=1 (device {device.id}) holds row {real[0]}."
 
 
 @checker
