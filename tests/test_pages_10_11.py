@@ -31,7 +31,7 @@ def test_chapter_10_shows_the_pieces_and_the_training(built_book):
     assert "48 steps, 1152 reads, the largest 8 rows" in text
     # make_array_from_callback: one call per device, replicas included; one for a replicated array.
     assert "4 distinct pieces, calls to the function: 8" in text
-    assert "1 distinct pieces, calls to the function: 1" in text
+    assert "1 distinct piece, calls to the function: 1" in text
 
 
 def test_chapter_11_shows_the_output_of_every_process(built_book):
