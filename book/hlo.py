@@ -718,6 +718,14 @@ def op_name(op, also=()) -> str:
     instruction, so it is refused, with the nearest of HLO's names.
     """
     op = validate.text(op, "the op", example="'all-gather'", error=HloError)
+    also = () if also is None else validate.plain(also)
+    if isinstance(also, str) or not isinstance(also, (list, tuple, set, frozenset)):
+        raise HloError(
+            f"also must be a list of operation names, such as ['my-op'], not "
+            f"{validate.describe(also)}."
+        )
+    if not all(isinstance(name, str) for name in also):
+        raise HloError("also must hold operation names, as texts such as 'my-op'.")
     known = _OPCODES | set(also)
     if op in known:
         return op

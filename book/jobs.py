@@ -243,7 +243,13 @@ class SlurmJob:
                 self.ended[task] = now
 
     def _index(self, process) -> int:
-        return validate.whole(process, "process", low=0, high=self.num_tasks - 1, example=0)
+        process = validate.whole(process, "process", low=0, high=validate.MAX_SIZE, example=0)
+        if process >= self.num_tasks:
+            raise validate.BadValue(
+                f"The job has {self.num_tasks} task{'s' * (self.num_tasks > 1)}, numbered 0 "
+                f"to {self.num_tasks - 1}; process {process} is none of them."
+            )
+        return process
 
     def _pid(self, process: int) -> int:
         process = self._index(process)

@@ -14,6 +14,8 @@ parameter dict without ``w2``, labels that are floats or a batch whose features 
 
 from __future__ import annotations
 
+import decimal
+import fractions
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -34,6 +36,8 @@ def _generator(seed) -> np.random.Generator:
     A 0-d array of an integer (``jnp.int32(3)``) is the integer it holds.
     """
     seed = validate.scalar(seed)
+    if isinstance(seed, (fractions.Fraction, decimal.Decimal)) and seed == int(seed):
+        seed = int(seed)  # an exact whole number, as the rest of the book reads one
     if isinstance(seed, (int, np.integer, bool, np.bool_)):
         return np.random.default_rng(validate.whole(seed, "seed", low=0, high=2**63 - 1, example=0))
     if isinstance(seed, jax.Array) and not isinstance(seed, jax.core.Tracer):
@@ -58,6 +62,11 @@ def _dtype(dtype):
         floating = floating and 2 <= np.dtype(dtype).itemsize <= 8
     except Exception:  # noqa: BLE001 - not a dtype at all
         floating = False
+    if floating and np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
+        raise validate.BadValue(
+            "dtype float64 needs jax_enable_x64 (without it JAX makes float32 arrays); use "
+            "np.float32, or turn x64 on first."
+        )
     if not floating:
         try:
             shown = np.dtype(dtype).name if not value else validate.describe(dtype)
@@ -102,10 +111,15 @@ def _params(params) -> Mapping:
         missing = set(_PARAMS) - set(params) if isinstance(params, Mapping) else True
     except Exception:  # noqa: BLE001
         missing = True
-    if missing:
+    if missing is True:
         raise validate.WrongKind(
             "params must be a dict with w1, b1, w2 and b2, as book.models.init makes, not "
             f"{validate.describe(params)}."
+        )
+    if missing:
+        raise validate.WrongKind(
+            f"params has no {', '.join(map(repr, sorted(missing)))}; pass the dict "
+            "book.models.init makes, with w1, b1, w2 and b2."
         )
     for name, ndim in _PARAMS.items():
         _array(params[name], f"params[{name!r}]", ndim)

@@ -166,6 +166,17 @@ def worker_env(
     base = validate.plain_mapping(base)
     if base is not None and not isinstance(base, Mapping):
         raise ReaderError(f"base must be a mapping of variables, not {validate.describe(base)}.")
+    for key, value in (base or {}).items():
+        texts = (key, value)
+        if not all(isinstance(t, str) and "\0" not in t and validate.encodable(t) for t in texts):
+            raise ReaderError(
+                f"base holds {validate.describe(key)}: {validate.describe(value)}; every "
+                "variable's name and value must be text without NUL, as in os.environ."
+            )
+        if not key or "=" in key:
+            raise ReaderError(
+                f"base holds {key!r}, which is no variable name; use names such as 'HOME'."
+            )
     env = dict(os.environ if base is None else base)
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(

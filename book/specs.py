@@ -143,8 +143,8 @@ def parse_axis_names(text: str) -> tuple[str, ...]:
     for name in names:
         if not _NAME.match(name):
             raise SpecError(
-                f"{name!r} is not a usable axis name; use letters, digits and underscores, "
-                "for example 'data'."
+                f"{name!r} is not a usable axis name; use ASCII letters (a to z), digits and "
+                "underscores, for example 'data'."
             )
     for name in names:
         if names.count(name) > 1:

@@ -447,11 +447,11 @@ def optional_text(value, name: str, *, example: str, error: type[ReaderError] = 
 
 
 def name(value, what: str, *, error: type[ReaderError] = ReaderError) -> str:
-    """An identifier such as ``'data'``: letters, digits and underscores, up to 64 characters."""
+    """An identifier such as ``'data'``: ASCII letters, digits and underscores, at most 64."""
     if not _is_text(value) or not _NAME.fullmatch(str.__str__(value)):
         raise error(
-            f"{what} must be a name of letters, digits and underscores such as 'data', not "
-            f"{describe(value)}."
+            f"{what} must be a name of ASCII letters (a to z), digits and underscores such as "
+            f"'data', not {describe(value)}."
         )
     return str.__str__(value)
 

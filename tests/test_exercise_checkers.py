@@ -240,6 +240,11 @@ def test_ch07_sum_dp():
 
     rejected(exercises.ch07_sum_dp(complex_loss), "The loss holds complex numbers; it should")
 
+    def in_bfloat16(params, x, y):
+        return jax.tree.map(lambda a: a.astype(jnp.bfloat16), sum_dp()(params, x, y))
+
+    rejected(exercises.ch07_sum_dp(in_bfloat16), "is bfloat16, too coarse to compare")
+
 
 def masked_dp(mean_of_means=False):
     def local(params, x, y, mask):
@@ -583,6 +588,10 @@ def undefined_name(local, mesh):
     return pandas.DataFrame(local).mean().to_numpy()  # noqa: F821
 
 
+def means_as_text(local, mesh):
+    return "mean"
+
+
 def test_ch11_column_means():
     assert exercises.ch11_column_means(column_means).ok
     rejected(exercises.ch11_column_means(own_means), "its own 8 rows only")
@@ -590,6 +599,7 @@ def test_ch11_column_means():
     rejected(exercises.ch11_column_means(unanswered), "Not answered yet")
     rejected(exercises.ch11_column_means(lambda local, mesh: local), "not lambda")
     rejected(exercises.ch11_column_means(undefined_name), "import anything else inside it")
+    rejected(exercises.ch11_column_means(means_as_text), "returned 'mean'; return the 3")
 
 
 def own_rows(batch, sharding):

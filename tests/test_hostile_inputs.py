@@ -251,6 +251,17 @@ def test_a_workers_base_environment_is_read_for_what_it_holds():
     assert env["A"] == "1" and env["JAX_PROCESS_ID"] == "0"
 
 
+@pytest.mark.parametrize(
+    "base", [{"PYTHONPATH": None}, {"A": 1}, {1: "a"}, {"A": "x\0y"}, {"": "x"}, {"A=B": "x"}]
+)
+def test_a_workers_base_environment_of_other_than_text_is_refused(base):
+    from book import multihost
+
+    with pytest.raises(ReaderError) as caught:
+        multihost.worker_env(0, 1, 1, "127.0.0.1:1", base=base)
+    one_sentence(caught.value)
+
+
 # book.cost: every formula takes sizes, bytes and counts, or says which is wrong -------------
 
 FORMULAS = [
@@ -1603,6 +1614,14 @@ def test_an_op_named_otherwise_than_hlo_names_it_is_refused(op, guess):
     for call in (lambda: hlo.instructions(step, op), lambda: display.listing(step, ops=[op])):
         with pytest.raises(ReaderError, match=f"nearest name is .{guess}.") as caught:
             call()
+        one_sentence(caught.value)
+
+
+def test_op_names_a_program_adds_are_a_list_of_texts():
+    assert hlo.op_name("my-op", ["my-op"]) == "my-op" and hlo.op_name("dot", None) == "dot"
+    for also, words in (("abc", "a list of operation names"), ([1], "hold operation names")):
+        with pytest.raises(ReaderError, match=words) as caught:
+            hlo.op_name("dot", also)
         one_sentence(caught.value)
 
 

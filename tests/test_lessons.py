@@ -79,3 +79,11 @@ def test_a_config_of_sizes_that_are_not_whole_counts_is_refused(sizes):
 
     with pytest.raises(ValueError, match="give whole sizes >= 1"):
         Config(**sizes)
+
+
+def test_labelled_blocks_refuse_ids_whose_labels_pass_int32():
+    from book.lessons.collectives import labelled_blocks
+
+    assert labelled_blocks([0, 7], 2).tolist() == [[100, 101], [170, 171]]
+    with pytest.raises(ValueError, match="labels past int32"):
+        labelled_blocks([2**28], 2)

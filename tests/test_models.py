@@ -90,6 +90,14 @@ def test_model_making_is_deterministic():
     assert not np.allclose(a["w1"], models.init(6, 8, 16, 4)["w1"])
 
 
+def test_an_exact_whole_number_works_as_a_seed():
+    from fractions import Fraction
+
+    np.testing.assert_array_equal(
+        models.init(Fraction(3), 4, 8, 3)["w1"], models.init(3, 4, 8, 3)["w1"]
+    )
+
+
 def test_a_jax_key_works_as_a_seed():
     a = models.init(jax.random.key(1), 8, 16, 4)
     b = models.init(jax.random.key(1), 8, 16, 4)
@@ -112,6 +120,9 @@ def test_a_key_given_as_the_learning_rate_is_refused_in_one_sentence(setup):
     [
         (lambda p, x, y: models.init(0, 4, 8, 3, dtype=jnp.float8_e4m3fn), "not float8_e4m3fn"),
         (lambda p, x, y: models.forward(p, x.astype(jnp.float8_e4m3fn)), "cast it to float32"),
+        (lambda p, x, y: models.init(0, 4, 8, 3, dtype=np.float64), "needs jax_enable_x64"),
+        (lambda p, x, y: models.synthetic_data(0, 8, 4, 3, dtype="float64"), "needs jax_enable"),
+        (lambda p, x, y: models.loss({k: p[k] for k in ("w1", "b1")}, x, y), "has no 'b2', 'w2'"),
         (lambda p, x, y: models.loss(p, x.astype(jnp.complex64), y), "real numbers"),
         (lambda p, x, y: models.loss(p, x[:0], y[:0]), "at least one example"),
         (lambda p, x, y: models.cross_entropy(jnp.ones((2, 0)), y[:2]), "at least one class"),

@@ -124,6 +124,8 @@ def test_a_carriage_return_ends_no_line_of_a_jobs_output(tmp_path):
     out.write_bytes(b"0: loss 1.0\rstep 8 ok\r\n0: next\n")
     job = book.jobs.SlurmJob(9, "train.py", 1, out, timeout=60, submitted=time.time())
     assert job.output(0) == "loss 1.0\rstep 8 ok\nnext\n"
+    with pytest.raises(ReaderError, match="The job has 1 task, numbered 0 to 0; process 2"):
+        job.output(2)
 
 
 def test_no_sinfo_or_a_failing_or_silent_one_means_no_cluster(stand_ins):

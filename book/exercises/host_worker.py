@@ -21,6 +21,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import book.data
+from book import validate
 
 READER_HEAD = """\
 import jax
@@ -32,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 import book
 import book.data
+from book import validate
 """
 
 
@@ -46,6 +48,8 @@ def column_means(reader, seed):
         result["out"] = None if out is None else np.asarray(out, dtype=np.float64).tolist()
     except RuntimeError:  # a global array that spans the other process's devices
         result["unreadable"] = str(getattr(getattr(out, "sharding", None), "spec", "?"))
+    except (TypeError, ValueError):  # no numbers: a generator, a text, a ragged list
+        result["no_numbers"] = validate.describe(out)
     return result
 
 

@@ -147,6 +147,11 @@ def ch11_column_means(column_means):
             f"processes, {r.get('unreadable')}; return the means replicated, e.g. with "
             "out_shardings=NamedSharding(mesh, P()).",
         )
+        need(
+            "no_numbers" not in r,
+            f"In process {i}, column_means returned {r.get('no_numbers')}; return the 3 column "
+            "means, an array.",
+        )
         got = np.asarray(r["out"])
         need(got.shape == want.shape, f"Process {i} returned shape {got.shape}, not (3,).")
         own = pieces[i].mean(axis=0)

@@ -80,6 +80,7 @@ def _compare(label, got, want, factors=None, known=()):
     mistake with its cause.
     """
     shape = tuple(np.shape(want))
+    dtype = getattr(got, "dtype", None)  # before widening: a 16-bit answer is too coarse
     try:
         values = validate.widened(np.asarray(got))
     except Exception:  # noqa: BLE001 - a ragged or self-holding list
@@ -112,6 +113,12 @@ def _compare(label, got, want, factors=None, known=()):
             f"{label} is {value:g} times one device's: {why}.",
         )
     worst = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
+    scale = float(np.max(np.abs(want), initial=0.0))
+    need(
+        getattr(dtype, "itemsize", 8) > 2 or worst > 1e-2 * scale,
+        f"{label} is {dtype}, too coarse to compare with one device's float32; return it in "
+        "float32.",
+    )
     raise Wrong(f"{label} differs from one device's by up to {worst:.3g}.")
 
 

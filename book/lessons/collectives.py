@@ -10,4 +10,7 @@ import numpy as np
 
 def labelled_blocks(ids, width):
     """One row per device id d: 100 + 10 * d, 101 + 10 * d, ..., `width` values."""
-    return (100 + 10 * np.asarray(ids)[:, None] + np.arange(width)).astype(np.int32)
+    labels = 100 + 10 * np.asarray(ids, dtype=np.int64)[:, None] + np.arange(width)
+    if labels.size and labels.max() > np.iinfo(np.int32).max:
+        raise ValueError("device ids this large make labels past int32; use small ids")
+    return labels.astype(np.int32)
