@@ -48,7 +48,8 @@ def format_seconds(seconds: float) -> str:
     value = validate.plain(validate.scalar(seconds))
     if isinstance(value, (Fraction, Decimal)):  # exact real numbers: shown as floats
         try:
-            value = float(value) if not (isinstance(value, Decimal) and value.is_snan()) else None
+            snan = isinstance(value, Decimal) and value.is_snan()
+            value = math.nan if snan else float(value)  # a signalling NaN is a NaN too
         except OverflowError:
             value = math.inf if value > 0 else -math.inf
     if isinstance(value, np.floating):  # a long double, say: a real number all the same
@@ -61,12 +62,14 @@ def format_seconds(seconds: float) -> str:
         value = float(value)
     except OverflowError:  # an int or a Fraction past float's range
         value = float("inf") if value > 0 else float("-inf")
+    if value == 0:
+        value = 0.0  # -0.0 too: no time is no time
     if math.isfinite(value):  # the smallest unit in which the rounded value stays below 1,000
         for scale, unit in ((1e6, "µs"), (1e3, "ms")):
             shown = f"{value * scale:.3g}"
             if abs(float(shown)) < 1000:
                 return f"{shown} {unit}"
-        if abs(value) >= 999.5:  # past 1,000 s: whole seconds, not an exponent
+        if 999.5 <= abs(value) < 1e15:  # past 1,000 s: whole seconds, not an exponent
             return f"{value:,.0f} s"
     return f"{value:.3g} s"
 

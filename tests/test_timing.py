@@ -101,6 +101,13 @@ def test_format_seconds_shows_exact_real_numbers():
     assert timing.format_seconds(Fraction(1, 2)) == "500 ms"
     assert timing.format_seconds(Decimal("0.003")) == "3 ms"
     assert timing.format_seconds(Decimal("NaN")) == "nan s"
+    assert timing.format_seconds(Decimal("sNaN")) == "nan s"
+    assert timing.format_seconds(-0.0) == timing.format_seconds(Decimal("-0")) == "0 µs"
+
+
+def test_format_seconds_writes_a_huge_duration_short():
+    assert timing.format_seconds(1e308) == "1e+308 s"
+    assert timing.format_seconds(259_200) == "259,200 s"
 
 
 def test_measure_names_a_donated_argument():

@@ -142,7 +142,7 @@ def ch02_rows_on_device_1(rows):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    answered(rows, "set rows to the list of row numbers device 1 holds")
+    answered(rows, "set rows to the list of row numbers the device at data=0, model=1 holds")
     if isinstance(rows, (set, frozenset)):  # the rows are compared sorted
         rows = sorted(rows, key=repr)
     given = numbers(rows, "rows", "[2]").ravel()

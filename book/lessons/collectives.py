@@ -10,7 +10,14 @@ import numpy as np
 
 def labelled_blocks(ids, width):
     """One row per device id d: 100 + 10 * d, 101 + 10 * d, ..., `width` values."""
-    labels = 100 + 10 * np.asarray(ids, dtype=np.int64)[:, None] + np.arange(width)
-    if labels.size and labels.max() > np.iinfo(np.int32).max:
-        raise ValueError("device ids this large make labels past int32; use small ids")
-    return labels.astype(np.int32)
+    ids = np.asarray(ids)
+    if (
+        ids.dtype.kind not in "iu"
+        or not 0 <= ids.min(initial=0) <= ids.max(initial=0) < 2**24
+    ):
+        raise ValueError("ids must be device ids: whole numbers from 0")
+    if not isinstance(width, (int, np.integer)) or width < 1:
+        raise ValueError("width must be a whole number from 1")
+    return (100 + 10 * ids.astype(np.int32)[:, None] + np.arange(width)).astype(
+        np.int32
+    )
