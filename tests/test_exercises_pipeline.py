@@ -265,7 +265,9 @@ def jax_mesh_of_stages():
 @pytest.mark.parametrize(
     "call, said",
     [
-        (lambda: pipeline.one_f_one_b_order(2, 3, 5), "stage 5 is not one of the 2 stages"),
+        (lambda: pipeline.one_f_one_b_order(2, 3, 5), "stage 5 of 2, 3 microbatches: no such work"),
+        (lambda: pipeline.gpipe_order(2, 3, 5), "stage 5 of 2, 3 microbatches: no such work"),
+        (lambda: pipeline.gpipe_order(2, -1, 0), "stage 0 of 2, -1 microbatches: no such work"),
         (lambda: pipeline.item(4, 3, 2, 2, True), "m = 3 is no multiple"),
         (lambda: pipeline.schedule(2, 2.5), "positive whole numbers"),
         (lambda: pipeline.schedule(0, 4), "positive whole numbers"),
@@ -274,6 +276,12 @@ def jax_mesh_of_stages():
 def test_schedule_helpers_refuse_arguments_out_of_range(call, said):
     with pytest.raises(ValueError, match=said):
         call()
+
+
+def test_in_flight_counts_no_work_it_does_not_know():
+    assert pipeline.in_flight([[("F", 0), None], [("B", 0), ("F", 0)]]).tolist() == [[1, 0], [0, 1]]
+    with pytest.raises(KeyError):
+        pipeline.in_flight([[("X", 0)]])
 
 
 def test_schedule_takes_numpy_integers():

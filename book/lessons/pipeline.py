@@ -56,7 +56,7 @@ def item(k, m, v, p, depth_first=False):
     """Item k's microbatch and layer group: (k mod m, k // m), every microbatch's
     first trip before any second one; depth-first, p microbatches at a time make
     all v trips before the next p start."""
-    if depth_first and m % p:
+    if depth_first and (p < 1 or m % p):
         raise ValueError(f"depth-first runs p = {p} at a time: m = {m} is no multiple")
     if not depth_first:
         return k % m, k // m
@@ -327,13 +327,15 @@ def make_pipeline(
 
 def gpipe_order(p, m, s):
     """Stage s's work in GPipe's order: the forwards, then the backwards, last first."""
+    if not 0 <= s < p or m < 1:
+        raise ValueError(f"stage {s} of {p}, {m} microbatches: no such work")
     return [("F", j) for j in range(m)] + [("B", j) for j in reversed(range(m))]
 
 
 def one_f_one_b_order(p, m, s):
     """Stage s's work in 1F1B order: fill, then one forward and one backward, drain."""
-    if not 0 <= s < p:
-        raise ValueError(f"stage {s} is not one of the {p} stages")
+    if not 0 <= s < p or m < 1:
+        raise ValueError(f"stage {s} of {p}, {m} microbatches: no such work")
     warm = min(p - s - 1, m)
     order = [("F", j) for j in range(warm)]
     for j in range(m - warm):
@@ -380,5 +382,5 @@ def simulate(orders):
 
 def in_flight(steps):
     """Activations each stage holds after each step: forwards run minus backwards."""
-    change = [[{"F": 1, "B": -1}.get(w and w[0], 0) for w in step] for step in steps]
+    change = [[{"F": 1, "B": -1, None: 0}[w and w[0]] for w in step] for step in steps]
     return np.cumsum(np.array(change, int), axis=0)  # (steps, stages)
