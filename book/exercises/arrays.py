@@ -160,7 +160,7 @@ def ch02_rows_on_device_1(rows):
     need(
         sorted(rows) == real,
         f"The device at data=0, model=1 does not hold {shown}: with 'model' as the major "
-        "axis, rows are dealt out along 'model' first, then along 'data'.",
+        "axis, block b sits at model = b // 2, data = b % 2.",
     )
     return f"the device at data=0, model=1 (device {device.id}) holds row {real[0]}."
 
