@@ -281,7 +281,8 @@ def number(
     """
     value = scalar(value)
     real = isinstance(value, (numbers.Real, np.floating, np.integer))
-    if not real or isinstance(value, (bool, np.bool_)):
+    dated = isinstance(value, (np.timedelta64, np.datetime64))  # NumPy's integers, no counts
+    if not real or dated or isinstance(value, (bool, np.bool_)):
         shown = describe(value) + (" (a string)" if isinstance(value, str) else "")
         raise error(f"{name} must be {wanted}, not {shown}.")
     try:

@@ -84,3 +84,13 @@ def test_widget_follows_the_choices(monkeypatch):
     mesh_box.value = "2x4"
     assert "(data=2, model=4)" in out.value
     assert "MLP 64 → 256 → 16" in out.value  # the chapter's model: each change is a cached step
+
+
+def test_the_forms_need_two_devices_and_offer_the_strategies_that_fit():
+    from book.errors import ReaderError
+    from book.forms import common, strategy
+
+    with pytest.raises(ReaderError, match="needs at least 9 devices, and JAX has 8"):
+        common.device_count_for("strategy form", least=9)
+    assert "DP x TP" not in strategy._offered(2) and "DP x TP" in strategy._offered(4)
+    assert strategy._offered(2) == [s for s in strategy.STRATEGY_EXPLAINED if s != "DP x TP"]

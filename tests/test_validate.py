@@ -236,3 +236,12 @@ def test_an_object_claiming_to_be_text_is_refused_as_what_it_is():
 @pytest.mark.parametrize("typed, value", [("00000000000000000008", 8), ("+008", 8), ("000", 0)])
 def test_leading_zeros_a_reader_types_add_no_size(typed, value):
     assert validate.whole(typed, "n", text=True, low=0) == value
+
+
+@pytest.mark.parametrize(
+    "dated",
+    [np.timedelta64(1000, "ns"), np.timedelta64(5), np.timedelta64(2, "s"), np.datetime64("2020")],
+)
+def test_a_numpy_duration_or_date_is_no_number_whatever_its_unit(dated):
+    with pytest.raises(ReaderError, match="not a (timedelta|datetime)64"):
+        validate.number(dated, "bytes")

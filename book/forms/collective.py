@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from book import display, specs, static_forms, validate
-from book.forms.common import DEFAULT_NAMES, first_sentence, mesh, mesh_shapes
+from book.forms.common import DEFAULT_NAMES, device_count_for, first_sentence, mesh, mesh_shapes
 
 COLLECTIVES = ("psum", "pmean", "all_gather", "psum_scatter", "ppermute", "all_to_all")
 MAX_BLOCK = 64
@@ -339,10 +339,9 @@ def static_collective_explorer() -> str:
     Each device's block has one value per device of the chosen axis, so every option is valid
     on every axis; the diagrams are left to the live form to keep the page light.
     """
-    import jax
 
     choices = []
-    for shape in mesh_shapes(jax.device_count()):
+    for shape in mesh_shapes(device_count_for("collective explorer")):
         if 1 in shape:
             continue
         names = specs.parse_axis_names(DEFAULT_NAMES[len(shape)])
@@ -391,9 +390,8 @@ def collective_explorer() -> static_forms.Form:
 def _widget():
     """The live ipywidgets form around ``render_collective``."""
     import ipywidgets as w
-    import jax
 
-    shapes = mesh_shapes(jax.device_count())
+    shapes = mesh_shapes(device_count_for("collective explorer"))
     kind_box = w.Dropdown(options=COLLECTIVES, value="psum", description="collective")
     mesh_box = w.Dropdown(
         options=[("x".join(map(str, s)), s) for s in shapes],

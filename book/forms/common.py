@@ -49,6 +49,21 @@ def first_sentence(err) -> str:
     return first.split(". ")[0].rstrip(".")[:200]
 
 
+def device_count_for(form: str, least: int = 2) -> int:
+    """JAX's device count, or one sentence when a form has too few devices to show anything."""
+    import jax
+
+    from book.errors import ReaderError
+
+    count = jax.device_count()
+    if count < least:
+        raise ReaderError(
+            f"The {form} needs at least {least} devices, and JAX has {count}; on CPU, "
+            "book.devices.setup(8) before anything else uses JAX gives 8 mock devices."
+        )
+    return count
+
+
 def choice_then_mesh(label: str, options: list[str], meshes_for, render):
     """A widget of two dropdowns: a choice, then a mesh shape among those it allows.
 

@@ -11,7 +11,7 @@ import html
 import math
 
 from book import display, specs, static_forms, validate
-from book.forms.common import choice_then_mesh, first_sentence
+from book.forms.common import choice_then_mesh, device_count_for, first_sentence
 
 STRATEGY_EXPLAINED = {
     "DP": "Parameters replicated, batch split over data: one all-reduce averages the gradients.",
@@ -153,21 +153,25 @@ def _body(a) -> str:
 
 def static_strategy_explorer() -> str:
     """The strategy form without a kernel: every strategy and mesh choice pre-rendered."""
-    import jax
 
     from book import strategies
 
-    count = jax.device_count()
+    count = device_count_for("strategy form")
     s = strategies.SIZES
     return display.styled(
         static_forms.static_form(
-            ("strategy", list(STRATEGY_EXPLAINED)),
+            ("strategy", _offered(count)),
             lambda strategy: [("mesh shape", strategy_mesh_choices(strategy, count))],
             lambda strategy, mesh: _answer(strategy, mesh, *s),
             note=f"Model sizes: batch {s.batch}, MLP {s.features} → {s.hidden} → {s.classes}. "
             "Run the notebook to change them.",
         )
     )
+
+
+def _offered(count: int) -> list[str]:
+    """The strategies these devices can lay out: DP x TP needs 2 on each of its axes."""
+    return [s for s in STRATEGY_EXPLAINED if strategy_mesh_choices(s, count)]
 
 
 def strategy_explorer() -> static_forms.Form:
@@ -185,12 +189,11 @@ def _widget():
     and is cached, so every change answers at once. Other model sizes are for code cells
     (``render_strategy(..., batch=...)``), where waiting for a compile is expected.
     """
-    import jax
 
-    count = jax.device_count()
+    count = device_count_for("strategy form")
     return choice_then_mesh(
         "strategy",
-        list(STRATEGY_EXPLAINED),
+        _offered(count),
         lambda strategy: strategy_mesh_choices(strategy, count),
         render_strategy,
     )
