@@ -103,6 +103,13 @@ def kind(value) -> str:
     """The type of ``value`` with its article: ``a list``, ``an ndarray``."""
     if isinstance(value, np.ndarray):
         return "a NumPy array"
+    if type(value).__module__.split(".")[0] in ("jax", "jaxlib") and hasattr(value, "dtype"):
+        try:  # a JAX array: its dtype says more than ArrayImpl
+            if value.is_deleted():
+                return "a deleted JAX array"
+            return f"a JAX array of {value.dtype}"
+        except Exception:  # noqa: BLE001 - a tracer, or an array whose methods fail
+            pass
     name = type(value).__name__
     return ("an " if name[:1].lower() in "aeiou" else "a ") + name
 

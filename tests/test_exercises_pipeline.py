@@ -269,6 +269,8 @@ def jax_mesh_of_stages():
         (lambda: pipeline.gpipe_order(2, 3, 5), "stage 5 of 2, 3 microbatches: no such work"),
         (lambda: pipeline.gpipe_order(2, -1, 0), "stage 0 of 2, -1 microbatches: no such work"),
         (lambda: pipeline.item(4, 3, 2, 2, True), "m = 3 is no multiple"),
+        (lambda: pipeline.item(100, 4, 2, 2), "item 100 is not one of the 8 items"),
+        (lambda: pipeline.item(-1, 4, 2, 2), "item -1 is not one of the 8 items"),
         (lambda: pipeline.schedule(2, 2.5), "positive whole numbers"),
         (lambda: pipeline.schedule(0, 4), "positive whole numbers"),
     ],

@@ -188,3 +188,20 @@ def test_the_static_explorer_refuses_ranks_it_cannot_prerender():
 
     with pytest.raises(SpecError, match="rank at most 3"):
         forms.static_sharding_explorer("(2, 2, 2, 2)")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (((16,), ("x",)), "needs 16 devices but there are 8"),
+        (((8,), ("data",), "__class__"), "is not an axis type"),
+        (((4, 2), ("data",)), "must name each of the 2 axes"),
+    ],
+)
+def test_a_forms_mesh_of_odd_arguments_is_refused_in_one_sentence(args, words):
+    from book.errors import ReaderError
+    from book.forms import common
+
+    with pytest.raises(ReaderError, match=words):
+        common.mesh(*args)
+    assert common.mesh([8], ["data"]).shape == {"data": 8}  # a list is a shape too

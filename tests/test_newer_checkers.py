@@ -20,9 +20,9 @@ def right_answer(heads, kv_heads, n):
 def test_the_rule_agrees_with_book_cost_in_every_case():
     for heads, kv_heads, n in newer._HEAD_CASES:
         if kv_heads <= heads:
-            assert newer.ulysses_cheaper(heads, kv_heads, n) == right_answer(heads, kv_heads, n)
-    assert newer.ulysses_cheaper(8, 8, 8)  # multi-head: Ulysses sends 2/n of the ring's
-    assert not newer.ulysses_cheaper(64, 8, 8)  # grouped-query: the ring sends less
+            assert newer._ulysses_cheaper(heads, kv_heads, n) == right_answer(heads, kv_heads, n)
+    assert newer._ulysses_cheaper(8, 8, 8)  # multi-head: Ulysses sends 2/n of the ring's
+    assert not newer._ulysses_cheaper(64, 8, 8)  # grouped-query: the ring sends less
     ring = cost.ring_attention_bytes(4096 * 8, 8, 128, 8, itemsize=2)
     assert cost.ulysses_bytes(4096 * 8, 64, 8, 128, 8, itemsize=2) / ring == 9 / 8
 

@@ -784,6 +784,7 @@ def shown(value: float, decimals: int = 0) -> str:
     A fraction stays one (1/3 of a byte is not 0 bytes), so a verdict never says a reader
     answered what they did not.
     """
+    value = value + 0.0 if value == 0 else value  # -0.0 is 0
     if abs(value) >= 1e15:
         return f"{value:.3g}"
     if not decimals and value != round(value):
@@ -800,12 +801,19 @@ def number(value, what: str, wanted: str = "a number") -> float:
 
 
 def coarse(answer, got: float, want: float, what: str, tolerance: float) -> None:
-    """Refuse a right answer that a 16-bit float holds too coarsely, saying so, rather than
-    judging its value wrong: one within 1% of ``want`` where the answer asks ``tolerance``."""
+    """Refuse a right answer that a 16- or 8-bit float holds too coarsely, saying so, rather
+    than judging its value wrong: one within its type's rounding (at least 1%) of ``want``
+    where the answer asks ``tolerance``."""
     kind = getattr(answer, "dtype", None)
     if kind is not None and getattr(kind, "itemsize", 8) <= 2:
+        import ml_dtypes  # JAX's own dependency: finfo of bfloat16 and float8 too
+
+        try:
+            window = max(1e-2, float(ml_dtypes.finfo(kind).eps))
+        except Exception:  # noqa: BLE001 - an integer type: 1%, as before
+            window = 1e-2
         need(
-            abs(got - want) <= tolerance or abs(got - want) > 1e-2 * abs(want),
+            abs(got - want) <= tolerance or abs(got - want) > window * abs(want),
             f"{what} is a {kind}, too coarse for the answer ({got:.4g}); pass it as a Python "
             "float.",
         )

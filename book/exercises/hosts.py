@@ -386,7 +386,10 @@ def _on_simulated_clock(timer, **stand_in):
     with _simulated_time(clock, timer):
         result = timer(f, np.zeros(4, np.float32))
     need(result is None or f.calls > 0, "seconds_per_call never calls f; time calls of f(*args).")
+    raw = result
     result = number_returned(result, "seconds_per_call", "a number of seconds")
+    per_call = _StandIn.WORK + _StandIn.DISPATCH
+    coarse(raw, result, per_call, "seconds_per_call's answer", tolerance=1e-6 * per_call)
     need(
         clock.reads > 0,
         "seconds_per_call reads no clock the checker can follow; time each call with "

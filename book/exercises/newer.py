@@ -30,7 +30,7 @@ PIPELINE = {"stages": 8, "microbatches": 32, "microbatch_bytes": 64 * 2**20}
 _HEAD_CASES = list(itertools.product((8, 16, 32, 64), (1, 2, 4, 8, 16, 32, 64), (2, 4, 8, 16)))
 
 
-def ulysses_cheaper(heads: int, kv_heads: int, n: int) -> bool:
+def _ulysses_cheaper(heads: int, kv_heads: int, n: int) -> bool:
     """Whether Ulysses can split these heads over ``n`` devices and sends fewer bytes."""
     from book import cost
 
@@ -60,7 +60,7 @@ def ch21_ulysses_wins(ulysses_wins):
         got = call(ulysses_wins, "ulysses_wins", heads, kv_heads, n)
         if not _is_bool(got):
             returned(got, f"ulysses_wins({heads}, {kv_heads}, {n})", "True or False")
-        want = ulysses_cheaper(heads, kv_heads, n)
+        want = _ulysses_cheaper(heads, kv_heads, n)
         if bool(got) == want:
             continue
         case = f"{heads} heads, {kv_heads} K/V head{'s' * (kv_heads > 1)} on {n} devices"
@@ -73,7 +73,7 @@ def ch21_ulysses_wins(ulysses_wins):
             f"For {case} {'Ulysses' if want else 'the ring'} sends fewer bytes: compare "
             "(heads + kv_heads) / (kv_heads * n), Ulysses' bytes over the ring's, with 1."
         )
-    wins = sum(ulysses_cheaper(*case) for case in cases)
+    wins = sum(_ulysses_cheaper(*case) for case in cases)
     return (
         f"{len(cases)} cases checked; Ulysses wins {wins} of them, never with 8 query heads "
         "per K/V head on 8 or fewer devices."

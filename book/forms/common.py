@@ -29,9 +29,25 @@ def mesh_shapes(device_count: int) -> list[tuple[int, ...]]:
 
 
 @validate.impostors_refused
-@functools.lru_cache(maxsize=64)
-def mesh(mesh_shape: tuple[int, ...], axis_names: tuple[str, ...], axis_type: str = "Explicit"):
+def mesh(mesh_shape, axis_names, axis_type: str = "Explicit"):
     """The mesh of a choice, built once: going back to a choice costs nothing."""
+    import jax
+
+    shape = validate.sizes(mesh_shape, "mesh_shape", error=specs.SpecError)
+    names = validate.plain(axis_names)
+    if not isinstance(names, (tuple, list)) or len(names) != len(shape):
+        raise specs.SpecError(
+            f"axis_names must name each of the {len(shape)} axes of {shape}, not "
+            f"{validate.describe(axis_names)}."
+        )
+    names = tuple(validate.name(n, "An axis name", error=specs.SpecError) for n in names)
+    axis_type = validate.choice(axis_type, list(AXIS_TYPES), "an axis type", error=specs.SpecError)
+    specs.check_mesh(shape, names, len(jax.devices()))
+    return _mesh(shape, names, axis_type)
+
+
+@functools.lru_cache(maxsize=64)
+def _mesh(mesh_shape: tuple[int, ...], axis_names: tuple[str, ...], axis_type: str):
     import jax
     from jax.sharding import AxisType
 

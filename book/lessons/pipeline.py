@@ -56,6 +56,8 @@ def item(k, m, v, p, depth_first=False):
     """Item k's microbatch and layer group: (k mod m, k // m), every microbatch's
     first trip before any second one; depth-first, p microbatches at a time make
     all v trips before the next p start."""
+    if isinstance(k, (int, np.integer)) and not 0 <= k < v * m:  # traced k: arithmetic
+        raise ValueError(f"item {k} is not one of the {v * m} items")
     if depth_first and (p < 1 or m % p):
         raise ValueError(f"depth-first runs p = {p} at a time: m = {m} is no multiple")
     if not depth_first:
