@@ -203,6 +203,12 @@ class SlurmJob:
         while not self._over():
             self._check_time()
             time.sleep(_POLL_SECONDS)
+        ran = str(self.facts.get("NumTasks", ""))
+        if ran.isdigit() and int(ran) < self.num_tasks:  # a task that never ran is no 0
+            raise ReaderError(
+                f"Job {self.id} had {ran} task(s) (Slurm's NumTasks), but num_tasks is "
+                f"{self.num_tasks}; pass the number of tasks its srun runs."
+            )
         codes = [0] * self.num_tasks
         for task, how in _TASK_END.findall(self.text()):
             if int(task) < self.num_tasks:

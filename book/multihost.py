@@ -15,6 +15,7 @@ import contextlib
 import decimal
 import fractions
 import functools
+import json
 import os
 import random
 import re
@@ -224,6 +225,51 @@ def script_args(doc: str, *kinds: Callable) -> list:
 def positive(text: str) -> int:
     """A kind for ``script_args``: a whole number from 1, such as a count of epochs."""
     return validate.whole(text, "a count", text=True, example=8)
+
+
+def folder(text: str) -> str:
+    """A kind for ``script_args``: a folder that exists, such as a checkpoint to restore."""
+    path = validate.path(text, "The folder", "a folder's path")
+    if not path.is_dir():
+        raise ReaderError(f"There is no folder at {text!r}; give the folder's path.")
+    return text
+
+
+def new_folder(text: str) -> str:
+    """A kind for ``script_args``: a local folder that exists or can be made, such as a cache
+    (a URL such as gs://b or an empty text names none)."""
+    path = validate.path(text, "The folder", "a folder's path")
+    near = next((p for p in [path, *path.absolute().parents] if p.exists()), None)
+    if (
+        not text
+        or text.split("/")[0].endswith(":")
+        or (path.exists() and not path.is_dir())
+        or near is None
+        or not near.is_dir()
+        or not os.access(near, os.W_OK)
+    ):
+        raise ReaderError(f"No folder can be made at {text!r}; give a local folder's path.")
+    return text
+
+
+def json_object(fields: str) -> Callable:
+    """A kind for ``script_args``: a JSON object holding ``fields`` (named as for
+    ``collections.namedtuple``, in one text), such as a run's settings."""
+    keys = fields.replace(",", " ").split()
+
+    def kind(text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            value = None
+        if not isinstance(value, dict) or not set(keys) <= set(value):
+            raise ReaderError(
+                f"Give a JSON object holding {', '.join(keys)}, as the chapter writes it, not "
+                f"{validate.describe(text)}."
+            )
+        return value
+
+    return kind
 
 
 def _alone(script: str, hook: Callable, kind, error, trace) -> None:

@@ -1,5 +1,6 @@
 """book.multihost.launch: real JAX processes, and no process left behind whatever happens."""
 
+import json
 import os
 import re
 import signal
@@ -769,7 +770,7 @@ def by_hand(tmp_path, chapter, script, args, devices=None):
     "chapter, script, bad",
     [
         ("11_multi_controller", "multihost_train.py", ["data", "2"]),
-        ("16_training_state", "resume_training.py", ["c", "d", "{not json"]),
+        ("16_training_state", "resume_training.py", ["c", "d"]),
         ("17_profiling", "compile_step.py", ["cache", '{"a": 1}']),
         ("17_profiling", "compile_step.py", []),
     ],
@@ -782,11 +783,20 @@ def test_a_chapters_worker_script_typed_wrong_by_hand_says_how_to_call_it(
     assert done.stderr.strip().startswith(f"{script}: give its ") and "python " in done.stderr
 
 
+RUN = json.dumps(  # chapter 16's settings, as it writes them for resume_training.py
+    {"sizes": [8], "learning_rate": 0.1, "weight_decay": 0, "decayed": {}, "layout": {}}
+    | {"first_step": 0, "steps": 1}
+)
+
+
 @pytest.mark.parametrize(
     "chapter, script, args, devices, said",
     [
         ("11_multi_controller", "multihost_train.py", ["data", "1", "8"], 1, "no peers"),
-        ("16_training_state", "resume_training.py", ["c", "d", '{"sizes": [8]}'], 1, "no peers"),
+        ("16_training_state", "resume_training.py", [".", "d", RUN], 1, "no peers"),
+        ("16_training_state", "resume_training.py", ["c", "d", RUN], 1, "no folder at 'c'"),
+        ("16_training_state", "resume_training.py", [".", "d", "{}"], 1, "Give a JSON object"),
+        ("17_profiling", "compile_step.py", ["gs://b/c", "[8, 16, 32, 8]"], 8, "No folder can"),
         ("17_profiling", "compile_step.py", ["cache", "[8, 16, 32, 4]"], 8, "multiple of 8"),
         ("17_profiling", "compile_step.py", ["cache", '"abcd"'], 8, "multiple of 8"),
         ("17_profiling", "compile_step.py", ["cache", "[8, 16.0, 32, 8]"], 8, "multiple of 8"),
@@ -827,3 +837,23 @@ def test_a_workers_reader_error_comes_back_as_its_one_line_under_launch(tmp_path
         book.multihost.launch(worker, 1, 1, timeout=60, args=["a"])
     assert "worker.py: give a global batch divisible by 4." in str(failed.value)
     assert "Traceback" not in str(failed.value)
+
+
+def test_the_script_argument_kinds_for_folders_and_settings(tmp_path):
+    from book.errors import ReaderError
+
+    assert book.multihost.folder(str(tmp_path)) == str(tmp_path)
+    assert book.multihost.new_folder(str(tmp_path / "cache")) == str(tmp_path / "cache")
+    settings = book.multihost.json_object("sizes steps")
+    assert settings('{"sizes": [1], "steps": 2}') == {"sizes": [1], "steps": 2}
+    (tmp_path / "file").write_text("x")
+    for kind, text, words in [
+        (book.multihost.folder, str(tmp_path / "nosuch"), "There is no folder at"),
+        (book.multihost.new_folder, "gs://bucket/cache", "No folder can be made at"),
+        (book.multihost.new_folder, str(tmp_path / "file"), "No folder can be made at"),
+        (book.multihost.new_folder, str(tmp_path / "file" / "c"), "No folder can be made at"),
+        (settings, "[]", "Give a JSON object holding sizes, steps"),
+        (settings, '{"sizes": 1}', "Give a JSON object holding sizes, steps"),
+    ]:
+        with pytest.raises(ReaderError, match=words):
+            kind(text)

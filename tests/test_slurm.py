@@ -257,3 +257,15 @@ def test_a_job_slurm_does_not_know_is_named_in_one_sentence():
         pytest.skip("no Slurm cluster answers here (make cluster)")
     with pytest.raises(book.slurm.SlurmError, match="Slurm knows no job 99999; check the job id."):
         book.slurm.job(99999)
+
+
+def test_a_job_with_fewer_tasks_than_num_tasks_is_named_not_read_as_clean_exits(
+    stand_ins, tmp_path
+):
+    stand_ins("scontrol", "print('JobId=9 JobState=COMPLETED ExitCode=0:0 NumTasks=2')\n")
+    out = tmp_path / "train_job-9.out"
+    out.write_text("0: step 1\n1: step 1\n")
+    job = book.jobs.SlurmJob(9, "train.py", 3, out, timeout=60, submitted=time.time())
+    with pytest.raises(ReaderError, match="had 2 task\\(s\\) .* but num_tasks is 3") as caught:
+        job.wait_for_exits()
+    assert "\n" not in str(caught.value)
