@@ -87,7 +87,7 @@ class Choice:
 
 def _rules(rules) -> tuple[str, dict]:
     """A table's name and its rules, from a name of ``TABLES`` or a dict a reader wrote."""
-    rules = validate.plain(rules)
+    rules = validate.plain_mapping(validate.plain(rules))
     if isinstance(rules, str):
         name = validate.choice(rules, list(TABLES), "a rules table", error=specs.SpecError)
         return name, TABLES[name]
@@ -216,6 +216,11 @@ class Analysis:
 @validate.impostors_refused
 def layout(choice: Choice):
     """The chapter's ``Layout`` of a choice, on the first devices, its axes ``Auto``."""
+    if not isinstance(choice, Choice):
+        raise specs.SpecError(
+            f"layout takes a Choice, as book.layouts.check returns it, not "
+            f"{validate.describe(choice)}."
+        )
     return tr.Layout(_mesh(choice.mesh_shape, choice.axis_names), dict(choice.rules))
 
 

@@ -232,6 +232,8 @@ def folder(text: str) -> str:
     path = validate.path(text, "The folder", "a folder's path")
     if not path.is_dir():
         raise ReaderError(f"There is no folder at {text!r}; give the folder's path.")
+    if next(path.iterdir(), None) is None:
+        raise ReaderError(f"The folder {text!r} is empty; give the one the chapter wrote.")
     return text
 
 

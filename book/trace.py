@@ -30,6 +30,7 @@ import gzip
 import json
 import math
 import re
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,7 +169,7 @@ def _load(path: Path) -> list:
     try:
         with gzip.open(path, "rb") as f:  # no more than the cap is unpacked
             raw = f.read(MAX_TRACE_BYTES + 1)
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, zlib.error) as err:  # zlib: a damaged compressed stream
         raise TraceError(f"{path} is not a gzipped JSON trace ({err}).") from None
     if len(raw) > MAX_TRACE_BYTES:
         raise TraceError(

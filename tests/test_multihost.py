@@ -842,6 +842,7 @@ def test_a_workers_reader_error_comes_back_as_its_one_line_under_launch(tmp_path
 def test_the_script_argument_kinds_for_folders_and_settings(tmp_path):
     from book.errors import ReaderError
 
+    (tmp_path / "empty").mkdir()
     assert book.multihost.folder(str(tmp_path)) == str(tmp_path)
     assert book.multihost.new_folder(str(tmp_path / "cache")) == str(tmp_path / "cache")
     settings = book.multihost.json_object("sizes steps")
@@ -849,6 +850,7 @@ def test_the_script_argument_kinds_for_folders_and_settings(tmp_path):
     (tmp_path / "file").write_text("x")
     for kind, text, words in [
         (book.multihost.folder, str(tmp_path / "nosuch"), "There is no folder at"),
+        (book.multihost.folder, str(tmp_path / "empty"), "is empty; give the one"),
         (book.multihost.new_folder, "gs://bucket/cache", "No folder can be made at"),
         (book.multihost.new_folder, str(tmp_path / "file"), "No folder can be made at"),
         (book.multihost.new_folder, str(tmp_path / "file" / "c"), "No folder can be made at"),

@@ -307,3 +307,14 @@ def test_timeline_refuses_what_it_cannot_draw():
         display.timeline([], {})
     with pytest.raises(display.DisplayError, match="not a kind of collective"):
         display.timeline([trace.Op(0, "x", "p", 0.0, 1.0)], {"x": "broadcast"})
+
+
+def test_a_trace_whose_compressed_stream_is_damaged_is_refused_in_one_sentence(tmp_path):
+    import gzip
+
+    good = gzip.compress(b'{"traceEvents": []}')
+    path = tmp_path / "damaged.trace.json.gz"
+    path.write_bytes(good[:10] + b"\xff" * 20 + good[30:])
+    with pytest.raises(trace.TraceError, match="is not a gzipped JSON trace") as caught:
+        trace.read(path)
+    assert "\n" not in str(caught.value)

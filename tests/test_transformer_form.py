@@ -145,3 +145,15 @@ def test_widget_follows_the_choices(monkeypatch):
     assert mesh_box.options == ("4x2", "2x4") and "FSDP x TP on 4x2" in out.value
     mesh_box.value = "2x4"
     assert "FSDP x TP on 2x4" in out.value
+
+
+def test_layout_takes_a_choice_and_check_takes_read_only_rules():
+    from types import MappingProxyType
+
+    from book.errors import ReaderError
+
+    for odd in (None, "FSDP", ("FSDP", "4x2")):
+        with pytest.raises(ReaderError, match="layout takes a Choice"):
+            layouts.layout(odd)
+    rules = MappingProxyType({"batch": "data"})
+    assert layouts.check(rules, "8") == layouts.check({"batch": "data"}, "8")
