@@ -238,19 +238,23 @@ def folder(text: str) -> str:
 
 
 def new_folder(text: str) -> str:
-    """A kind for ``script_args``: a local folder that exists or can be made, such as a cache
-    (a URL such as gs://b or an empty text names none)."""
-    path = validate.path(text, "The folder", "a folder's path")
-    near = next((p for p in [path, *path.absolute().parents] if p.exists()), None)
-    if (
-        not text
-        or text.split("/")[0].endswith(":")
-        or (path.exists() and not path.is_dir())
-        or near is None
-        or not near.is_dir()
-        or not os.access(near, os.W_OK)
-    ):
-        raise ReaderError(f"No folder can be made at {text!r}; give a local folder's path.")
+    """A kind for ``script_args`` (and a check for a script's flag): a local folder that exists
+    or can be made, such as a cache. It is tried: made in a scratch folder beside where it
+    would go, then removed, so a name too long, a file in the way, a folder no one may write
+    in, an empty text, NUL or a URL such as gs://b (no local folder) is refused at once."""
+    url = text.split("/")[0].endswith(":") if isinstance(text, str) else False
+    try:
+        if url or not isinstance(text, str) or not text.encode():  # also: not UTF-8
+            raise ValueError
+        path = Path(text).absolute()
+        near = next(p for p in [path, *path.parents] if os.path.lexists(p))
+        with tempfile.TemporaryDirectory(dir=near) as scratch:
+            os.makedirs(Path(scratch, path.relative_to(near)), exist_ok=True)
+    except (OSError, ValueError, UnicodeError):
+        shown = validate.describe(text, 80)
+        raise ReaderError(
+            f"No folder can be made at {shown}; give a local folder's path."
+        ) from None
     return text
 
 

@@ -106,6 +106,20 @@ def test_a_checkpoint_that_cannot_be_restored_is_named_not_a_traceback(train_py,
     assert "Traceback" not in str(failed.value) and "delete" not in said
 
 
+def test_a_resume_with_too_few_records_left_is_refused_in_one_line(train_py, tmp_path):
+    small = ["--batch", "8", "--microbatches", "1", "--seq", "4", "--checkpoint-every", "2"]
+    folders = ["--checkpoint-dir", tmp_path / "c", "--compile-cache", tmp_path / "x"]
+    book.multihost.launch(train_py, 1, 8, timeout=120, args=["--steps", "2", *small, *folders])
+    # As a run with a larger --batch leaves it: the data set nearly read.
+    (metadata,) = (tmp_path / "c" / "step_2" / "data").glob("metadata*")
+    metadata.write_text(json.dumps({"global_next_index": 2**20 - 6}))
+    with pytest.raises(book.multihost.WorkerError) as failed:
+        book.multihost.launch(train_py, 1, 8, timeout=120, args=["--steps", "3", *small, *folders])
+    said = str(failed.value).splitlines()[-1].strip()
+    assert failed.value.exit_code == 1 and "Traceback" not in str(failed.value)
+    assert said.startswith("train.py: error: checkpoint 2: ") and "6 records left" in said
+
+
 def test_a_checkpoint_past_steps_is_refused_not_taken_as_done(train_py, tmp_path):
     (tmp_path / "c" / "step_7").mkdir(parents=True)  # --steps counts the whole run
     args = ["--steps", "4", "--checkpoint-dir", tmp_path / "c", "--compile-cache", tmp_path / "x"]
@@ -120,7 +134,7 @@ def test_a_checkpoint_past_steps_is_refused_not_taken_as_done(train_py, tmp_path
 def test_a_bucket_url_is_refused_as_no_folder(train, capsys, url):
     with pytest.raises(SystemExit):
         train.parser.parse_args(["--steps", "2", "--checkpoint-dir", url])
-    assert f"no folder can be made at '{url}'" in capsys.readouterr().err
+    assert f"No folder can be made at '{url}'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
