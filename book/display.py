@@ -320,8 +320,9 @@ def collective_table(compiled, *, title: str | None = None) -> Rendered:
         text = f"{title}: {message}" if title else message
         return Rendered(f"<p class='bk-table'>{html.escape(text)}</p>", text)
     body = [[k, r.op, shape_text(r), r.dtype, r.bytes, groups_text(r)] for k, r in enumerate(rows)]
-    body.append(["", "total", "", "", sum(r.bytes for r in rows), ""])
-    headers = ["#", "collective", "shape per device", "dtype", "bytes per device", "groups"]
+    body.append(["", "total of results", "", "", sum(r.bytes for r in rows), ""])
+    # Each collective's result on one device, not what it sends (book.cost.ring_bytes).
+    headers = ["#", "collective", "shape per device", "dtype", "result bytes per device", "groups"]
     return table(headers, body, title=title)
 
 
