@@ -40,6 +40,7 @@ def _folder(folder, what: str) -> Path:
         raise ReaderError(f"{what} must be a folder path, not {validate.describe(folder)}.")
     if "\0" in path:
         raise ReaderError(f"{what} holds a NUL character, which no path can; check the path.")
+    validate.local(path, what)
     try:
         return Path(path).expanduser()  # ~/data: the home folder's, as a shell reads it
     except (RuntimeError, UnicodeError):  # ~nobody: no such user (or no name a user has)
@@ -150,6 +151,22 @@ class Source:
         # Opened with jax_enable_x64 on, no field's range was checked: each is, once, at its
         # first read with it off.
         self._narrow_checked = set() if _x64() else set(self.fields)
+
+    def require(self, **ranks: int) -> None:
+        """Refuse, in one sentence, a source without these fields of these ranks (counting
+        the rows' dimension): what a script reads, checked before it reads it."""
+        for name, rank in ranks.items():
+            if name not in self.fields:
+                wanted = ", ".join(ranks)
+                raise ReaderError(
+                    f"{_shown(self.folder)} holds no field {name!r}; write {wanted} with "
+                    "book.data.write, as chapter 10 does."
+                )
+            if self.fields[name].ndim != rank:
+                raise ReaderError(
+                    f"Field {name!r} of {_shown(self.folder)} has {self.fields[name].ndim} "
+                    f"dimension(s), where {rank} are read; write it again."
+                )
 
     def read(self, field: str, rows) -> np.ndarray:
         """The rows numbered ``rows`` of ``field``, in that order, as an in-memory array.
@@ -517,6 +534,10 @@ def _built(value, batch: Batch, sharding):
     if not isinstance(value, jax.Array):
         raise ReaderError(
             f"build returned {validate.describe(value)} for field {batch.field!r}; return {wanted}."
+        )
+    if value.is_deleted():  # donated, or deleted by hand: no step could read it
+        raise ReaderError(
+            f"build returned a deleted array for field {batch.field!r}; return {wanted}."
         )
     if value.shape != batch.shape:
         raise ReaderError(

@@ -479,10 +479,18 @@ def path(value, what: str, example: str, *, error: type[ReaderError] = ReaderErr
         )
     if "\0" in text:
         raise error(f"{what} holds a NUL character, which no path can; check the path.")
+    local(text, what, error=error)
     try:
         return Path(text).expanduser()  # ~/runs: the home folder's, as a shell reads it
     except (RuntimeError, UnicodeError):  # ~nobody: no such user (or no name a user has)
         raise error(f"{what} names a home folder that does not exist: {describe(text)}.") from None
+
+
+def local(text: str, what: str, *, error: type[ReaderError] = ReaderError) -> str:
+    """``text`` unless it is a URL such as gs://b or s3:/b, which names no local path."""
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text):  # not C:/, a drive
+        raise error(f"{what} is a URL, {describe(text)}; give a local path (mount it first).")
+    return text
 
 
 def matches_newline(regex) -> bool:

@@ -326,3 +326,29 @@ def test_a_source_opened_with_x64_on_is_checked_when_read_with_it_off(tmp_path):
     np.testing.assert_array_equal(source.read("y", [1, 2]), [1, 2])  # within int32
     with pytest.raises(ReaderError, match="beyond int32"):
         source.read("x", [0])
+
+
+def test_a_source_requires_fields_of_ranks_and_a_local_folder(tmp_path):
+    source = book.data.write(tmp_path / "d", x=np.ones((8, 2)), y=np.arange(8))
+    source.require(x=2, y=1)
+    with pytest.raises(ReaderError, match="holds no field 'id'; write x, id with"):
+        source.require(x=2, id=1)
+    with pytest.raises(ReaderError, match="Field 'y' of .* has 1 dimension"):
+        source.require(y=2)
+    for url in ("gs://bucket/data", "s3:/b/c"):
+        with pytest.raises(ReaderError, match="is a URL"):
+            book.data.write(url, x=np.ones((4, 2)))
+    assert not (tmp_path / "gs:").exists()
+
+
+def test_the_loader_refuses_a_deleted_array_from_build(source, mesh):
+    sharding = NamedSharding(mesh, P("data"))
+
+    def deleted(batch, sharding):
+        array = jax.make_array_from_callback(batch.shape, sharding, batch.read)
+        array.delete()
+        return array
+
+    loader = book.data.Loader(source, 32, sharding, deleted)
+    with pytest.raises(ReaderError, match="build returned a deleted array"):
+        next(iter(loader.epoch(0)))

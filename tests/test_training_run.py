@@ -117,7 +117,10 @@ def test_a_resume_with_too_few_records_left_is_refused_in_one_line(train_py, tmp
         book.multihost.launch(train_py, 1, 8, timeout=120, args=["--steps", "3", *small, *folders])
     said = str(failed.value).splitlines()[-1].strip()
     assert failed.value.exit_code == 1 and "Traceback" not in str(failed.value)
-    assert said.startswith("train.py: error: checkpoint 2: ") and "6 records left" in said
+    assert (
+        said.startswith("train.py: error: checkpoint 2: ")
+        and "6 records are left: lower --steps or --batch" in said
+    )
 
 
 def test_a_checkpoint_past_steps_is_refused_not_taken_as_done(train_py, tmp_path):
