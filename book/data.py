@@ -156,6 +156,11 @@ class Source:
         """Refuse, in one sentence, a source without these fields of these ranks (counting
         the rows' dimension): what a script reads, checked before it reads it."""
         for name, rank in ranks.items():
+            if not name or not validate._is_whole(rank) or not 0 <= rank <= 32:
+                raise ReaderError(
+                    f"require takes fields and their numbers of dimensions, such as x=2, not "
+                    f"{name or 'an empty name'}={validate.describe(rank)}."
+                )
             if name not in self.fields:
                 wanted = ", ".join(ranks)
                 raise ReaderError(

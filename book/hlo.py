@@ -433,8 +433,10 @@ def loop_trips(compiled) -> dict[str, int]:
     ran at every trip of the loops around it: the most it can run. A loop whose count XLA does not
     know (a ``while_loop`` on data) is left out, and so is every loop inside it.
     """
+    text = _text(compiled)
+    _parse(text)  # a text that is no program: one sentence, not "no loops"
     loops, caller, computation, unknown = {}, {}, None, set()
-    for line in _text(compiled).splitlines():
+    for line in text.splitlines():
         header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)  # a computation begins
         if header:
             computation = header.group(1)

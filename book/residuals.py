@@ -96,6 +96,7 @@ def parse(text: str) -> list[Residual]:
         type_text, source = m.group(0), line[m.end() :].lstrip(" ")
         dims = tuple(int(d) for d in re.findall(r"(?:^|,)(\d+)", m.group(2)))
         source = _WHERE.sub(r" in \1", source)
+        source = re.sub(r" from\s*$", "", source)  # JAX found no frame of the reader's
         found.append(Residual(type_text, dims, _dtype(m.group(1)), source))
     return found
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import itertools
 import json
+import math
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -84,7 +85,7 @@ def static_form(
             raise ReaderError(f"{name} must be a function, not {validate.describe(given)}.")
     if not isinstance(note, str):
         raise ReaderError(f"note must be a text, not {validate.describe(note)}.")
-    label, options = _control(first, "first")
+    label, options = _control(first, "first")  # at most MAX_VIEWS options, as below
     if not options:
         raise ReaderError(f"The control {label!r} has no options; give it at least one.")
     views, index, keys, rest_options = [], {}, {}, {}
@@ -105,6 +106,12 @@ def static_form(
             )
         rest_labels = labels
         rest_options[value] = [opts for _, opts in controls]
+        combos = math.prod(len(opts) for opts in rest_options[value]) * len(options)
+        if combos > MAX_VIEWS:
+            raise ReaderError(
+                f"The controls make {combos:,} combinations to render; a page can hold at most "
+                f"{MAX_VIEWS:,}: offer fewer options."
+            )
         if not all(rest_options[value]):
             raise ReaderError(f"rest gives {value!r} a control with no options; give each one.")
         for combo in itertools.product(*rest_options[value]):
@@ -129,6 +136,9 @@ def static_form(
     )
 
 
+MAX_VIEWS = 10_000  # renderings one page holds: past it, a page too large to load
+
+
 def _control(control, what: str) -> tuple[str, list[str]]:
     """A control as (label, options), its options as text, as a select's values are."""
     if (
@@ -140,6 +150,10 @@ def _control(control, what: str) -> tuple[str, list[str]]:
         raise ReaderError(
             f"{what} must be a (label, options) pair such as ('mesh', ['2x4', '8']), not "
             f"{validate.describe(control)}."
+        )
+    if len(control[1]) > MAX_VIEWS:
+        raise ReaderError(
+            f"{what} has {len(control[1]):,} options; a page can hold at most {MAX_VIEWS:,}."
         )
     return control[0], [str(o) for o in control[1]]
 

@@ -140,18 +140,26 @@ def measure(f: Callable, /, *args, warmup: int = 2, runs: int = 10, **kwargs) ->
             "An array among f's arguments was deleted before measure was called (by an "
             "earlier donating call, or .delete()); pass arrays that still exist."
         )
+    calls = 0  # calls that returned whole: a first one that did not returned a deleted array
     try:
         for _ in range(warmup):
             _block(f(*args, **kwargs))
+            calls += 1
         times = []
         for _ in range(runs):
             start = time.perf_counter()
             _block(f(*args, **kwargs))
             times.append(time.perf_counter() - start)
+            calls += 1
     except RuntimeError as err:
         said = str(err)  # JAX's words for a donated argument, or a result made of one
         if "Array has been deleted" not in said and "deleted or donated buffer" not in said:
             raise
+        if not calls:
+            raise validate.BadValue(  # the first call's own result was gone
+                "f returned an array that was deleted (by .delete(), or a donating call "
+                "inside f); return arrays that still exist."
+            ) from None
         raise validate.BadValue(
             "f consumed an argument on its first call (donate_argnums deletes it), so the next "
             "run had nothing to read; time a function that keeps its arguments, or one that "

@@ -20,6 +20,7 @@ import os
 import re
 import re._constants as _re_constants
 import re._parser as _re_parser
+import unicodedata
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -487,10 +488,15 @@ def path(value, what: str, example: str, *, error: type[ReaderError] = ReaderErr
 
 
 def local(text: str, what: str, *, error: type[ReaderError] = ReaderError) -> str:
-    """``text`` unless it is a URL such as gs://b or s3:/b, which names no local path."""
+    """``text`` unless it is a URL such as gs://b or s3:/b, which names no local path (blank
+    and invisible characters before it included)."""
+    if not isinstance(text, str):
+        raise error(f"{what} must be a path as text, not {describe(text)}.")
+    shown = text
+    text = "".join(c for c in text if unicodedata.category(c) != "Cf").strip()
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text):  # not C:/, a drive
-        raise error(f"{what} is a URL, {describe(text)}; give a local path (mount it first).")
-    return text
+        raise error(f"{what} is a URL, {describe(shown)}; give a local path (mount it first).")
+    return shown
 
 
 def matches_newline(regex) -> bool:

@@ -352,3 +352,18 @@ def test_the_loader_refuses_a_deleted_array_from_build(source, mesh):
     loader = book.data.Loader(source, 32, sharding, deleted)
     with pytest.raises(ReaderError, match="build returned a deleted array"):
         next(iter(loader.epoch(0)))
+
+
+@pytest.mark.parametrize("ranks", [{"x": "2"}, {"x": True}, {"x": None}, {"x": 2.5}, {"": 1}])
+def test_require_refuses_a_call_of_odd_ranks(tmp_path, ranks):
+    source = book.data.write(tmp_path / "d", x=np.ones((8, 2)))
+    with pytest.raises(ReaderError, match="require takes fields and their numbers"):
+        source.require(**ranks)
+
+
+@pytest.mark.parametrize("url", [" gs://bucket/data", "\u200bgs://b"])
+def test_a_url_behind_blanks_is_a_url(tmp_path, url, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ReaderError, match="is a URL"):
+        book.data.write(url, x=np.ones((4, 2)))
+    assert list(tmp_path.iterdir()) == []

@@ -637,3 +637,9 @@ def test_an_op_inside_a_loop_is_found_in_the_instruction_that_runs_the_loop():
     (runner,) = book.hlo.instructions(compiled, op="multiply")
     assert runner.op in ("while", "call") and "multiply" in runner.fused
     assert book.hlo.instructions(compiled, op="while") == [runner]
+
+
+@pytest.mark.parametrize("text", ["", "hello world"])
+def test_loop_trips_of_a_text_that_is_no_program_says_so(text):
+    with pytest.raises(book.hlo.HloError, match="No HLO computations found"):
+        book.hlo.loop_trips(text)

@@ -112,3 +112,9 @@ def test_a_name_holding_a_line_break_is_refused_not_read_as_two_residuals():
 
     with pytest.raises(ReaderError, match="holds a line break"):
         book.residuals.saved(f, jnp.ones((4, 3)))
+
+
+def test_a_residual_jax_found_no_frame_for_ends_without_from():
+    import jax.numpy as jnp
+
+    assert [r.source for r in book.residuals.saved(jnp.sin, jnp.ones(4))] == ["output of cos"]

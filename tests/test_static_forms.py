@@ -114,3 +114,18 @@ def test_malformed_arguments_are_named_in_one_sentence(args, said):
     assert "\n" not in str(caught.value)
     with pytest.raises(ReaderError, match="note must be a text, not 5"):
         static_forms.static_form(("a", ["x"]), lambda v: [], bold, note=5)
+
+
+def test_controls_of_too_many_combinations_are_refused_before_rendering():
+    calls = []
+
+    def render(*choices):
+        calls.append(choices)
+        return "<p>x</p>"
+
+    many = [str(i) for i in range(300)]
+    with pytest.raises(ReaderError, match="combinations to render"):
+        static_forms.static_form(("a", many), lambda v: [("b", many), ("c", many)], render)
+    with pytest.raises(ReaderError, match="options; a page can hold at most"):
+        static_forms.static_form(("a", range(10**9)), lambda v: [], render)
+    assert calls == []

@@ -161,3 +161,15 @@ def test_a_result_made_of_a_donated_buffer_is_named_in_one_sentence():
     x = jnp.ones(8)
     with pytest.raises(ReaderError, match="donate_argnums"):
         timing.measure(lambda: step(x), warmup=0, runs=3)
+
+
+def test_measure_names_a_deleted_result_not_a_donation():
+    import jax.numpy as jnp
+
+    def gives_a_deleted_array():
+        out = jnp.ones(3) * 2
+        out.delete()
+        return out
+
+    with pytest.raises(ReaderError, match="f returned an array that was deleted"):
+        timing.measure(gives_a_deleted_array, runs=2)

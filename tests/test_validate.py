@@ -245,3 +245,10 @@ def test_leading_zeros_a_reader_types_add_no_size(typed, value):
 def test_a_numpy_duration_or_date_is_no_number_whatever_its_unit(dated):
     with pytest.raises(ReaderError, match="not a (timedelta|datetime)64"):
         validate.number(dated, "bytes")
+
+
+def test_local_refuses_what_is_no_text_in_one_sentence():
+    for odd in (b"gs://b", None):
+        with pytest.raises(ReaderError, match="must be a path as text"):
+            validate.local(odd, "The folder")
+    assert validate.local("runs/a", "The folder") == "runs/a"
