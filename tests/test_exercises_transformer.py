@@ -114,6 +114,8 @@ def test_block_bytes_accepts_the_ring_bytes_of_four_all_reduces():
         (4 * cost.all_reduce_bytes(STREAM / 8, 8), "TP does not split the batch"),
         (8 * cost.all_reduce_bytes(STREAM, 8), "count each all-reduce once per layer"),
         (12_345, "count the all-reduces per block"),
+        (RIGHT_BYTES / 4, "that is a batch of 8 sequences"),  # the chapter's own batch
+        (RIGHT_BYTES * 3, "that is a batch of 96 sequences"),
         (-RIGHT_BYTES, "count the all-reduces per block"),
     ],
 )

@@ -155,6 +155,13 @@ def ch13_block_bytes(block_bytes):
     for value, why in wrong.items():
         if abs(value - real) > 4:
             need(abs(block_bytes - value) > 4, f"Not {_shown(block_bytes)} bytes: {why}.")
+    other_batch = block_bytes / real * batch  # the right count for another batch?
+    if 1 <= other_batch <= 2**20 and abs(other_batch - round(other_batch)) < 1e-9:
+        need(
+            round(other_batch) == batch,
+            f"Not {_shown(block_bytes)} bytes: that is a batch of {round(other_batch)} "
+            f"sequences (the chapter's is 8 on CPU); the exercise takes {batch}.",
+        )
     need(
         abs(block_bytes - real) <= 4,
         f"Not {_shown(block_bytes)} bytes: count the all-reduces per block, forward and backward, "
