@@ -121,6 +121,7 @@ class Trace:
                 f"{validate.describe(program)}."
             )
         found: dict[object, list[Op]] = defaultdict(list)
+        unplaced = 0
         for op in self.ops:
             if op.program != program:
                 continue
@@ -129,6 +130,14 @@ class Trace:
             )
             if key is not None:
                 found[key].append(op)
+            else:
+                unplaced += 1
+        if unplaced and not found:
+            raise TraceError(
+                f"The {unplaced:,} instructions of {validate.describe(program)} carry no run id "
+                "and lie in no annotated step, so its runs cannot be told apart; mark each step "
+                "with jax.profiler.StepTraceAnnotation and trace again."
+            )
         return sorted((tuple(ops) for ops in found.values()), key=lambda ops: ops[0].start)
 
 

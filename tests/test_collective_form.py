@@ -167,3 +167,26 @@ def test_explorer_widgets_follow_the_choices():
     perm_box.value = "(0, 1), (1, 1)"
     assert "not a permutation" in error_of(out.value)
     assert "text/html" in form._repr_mimebundle_()
+
+
+@pytest.mark.parametrize(
+    "text, pairs",
+    [
+        ("((0, 1), (1, 0))", ((0, 1), (1, 0))),  # the tuple jax.lax.ppermute takes
+        ("((0, 1),)", ((0, 1),)),
+        ("[(0, 1), (1, 0)]", ((0, 1), (1, 0))),
+    ],
+)
+def test_permutations_are_read_as_python_writes_them(text, pairs):
+    from book.forms import collective
+
+    assert collective.parse_perm(text, 2) == pairs
+
+
+@pytest.mark.parametrize("text", ["(0, 1)()", "((0, 1)", "(0, 1))"])
+def test_stray_parentheses_are_refused(text):
+    from book import specs
+    from book.forms import collective
+
+    with pytest.raises(specs.SpecError, match="Could not read"):
+        collective.parse_perm(text, 2)

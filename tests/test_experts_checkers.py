@@ -109,6 +109,25 @@ def test_merge_rejects_overflow_averages_and_a_wrong_lse():
     rejected(exercises.ch15_merge_normalized(lambda a, b: 1 / 0), "ZeroDivisionError")
 
 
+def test_masked_answers_hold_no_answer():
+    def masked_kept(c, e, f):
+        capacity, kept = route_with_capacity(c, e, f)
+        return capacity, np.ma.masked_array(kept, mask=True)
+
+    def masked_merge(a, b):
+        o, lse = merge_normalized(a, b)
+        return np.ma.masked_array(o, mask=True), lse
+
+    rejected(exercises.ch15_capacity(masked_kept), "kept holds masked entries")
+    rejected(exercises.ch15_merge_normalized(masked_merge), "o holds masked entries")
+
+    def unmasked_kept(c, e, f):  # a mask that hides nothing holds the whole answer
+        capacity, kept = route_with_capacity(c, e, f)
+        return capacity, np.ma.masked_array(kept)
+
+    assert exercises.ch15_capacity(unmasked_kept).ok
+
+
 def test_all_to_all_bytes_reads_the_compiled_program():
     p = experts.A2A_PROBLEM
     capacity = math.ceil(p["capacity_factor"] * p["top_k"] * p["tokens_per_device"] / 8)

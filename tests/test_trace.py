@@ -143,6 +143,21 @@ def test_runs_without_run_ids_are_cut_at_the_annotated_steps(tmp_path):
     assert [[o.start for o in ops] for ops in found.runs("")] == [[2.0], [12.0]]
 
 
+def test_runs_with_neither_run_ids_nor_steps_are_refused(tmp_path):
+    events = [
+        {"ph": "M", "pid": 5, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 5, "tid": 1, "ts": 0, "dur": 7, "name": "gemm",
+         "args": {"hlo_op": "dot.1", "hlo_module": "jit_step"}},
+        {"ph": "X", "pid": 5, "tid": 1, "ts": 9, "dur": 3, "name": "nccl",
+         "args": {"hlo_op": "all-reduce.2", "hlo_module": "jit_step"}},
+    ]  # fmt: skip
+    found = trace.read(write_trace(tmp_path, events))
+    assert found.programs == ["jit_step"]
+    with pytest.raises(trace.TraceError, match="StepTraceAnnotation") as caught:
+        found.runs("jit_step")
+    assert "The 2 instructions of 'jit_step' carry no run id" in str(caught.value)
+
+
 def test_the_plain_trace_is_read_where_no_perfetto_file_was_asked_for(tmp_path):
     path = write_trace(tmp_path, [op("dot", 0, 1.0, 1.0)], name="host.trace.json.gz")
     assert trace.trace_file(tmp_path) == path

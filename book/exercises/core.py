@@ -854,6 +854,14 @@ def _exact(x) -> bool:
     return type(x) in (fractions.Fraction, decimal.Decimal)
 
 
+def unmasked(value, what: str, example: str):
+    """``value`` unless it is a NumPy masked array with masked entries, which hold no answer
+    (``np.asarray`` would read the values under the mask)."""
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        raise Wrong(f"{what} holds masked entries, which hold no answer; return {example}.")
+    return value
+
+
 def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
     """An array of real numbers (a list, tuple or array of them), as float64.
 
@@ -861,8 +869,7 @@ def numbers(value, what: str, example: str = "[1, 2, 3]") -> np.ndarray:
     ``nan``, infinities and complex numbers, which no answer holds.
     """
     array = None
-    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
-        raise Wrong(f"{what} holds masked entries, which hold no numbers; give {example}.")
+    unmasked(value, what, example)
     if not isinstance(value, (str, bytes, dict, set)):
         with contextlib.suppress(Exception):  # NumPy's refusal of a ragged or odd list
             array = validate.widened(np.asarray(validate.scalar(value)))

@@ -11,7 +11,16 @@ import math
 import numpy as np
 
 from book import validate
-from book.exercises.core import Wrong, answered, checker, function, line_mesh, need, number
+from book.exercises.core import (
+    Wrong,
+    answered,
+    checker,
+    function,
+    line_mesh,
+    need,
+    number,
+    unmasked,
+)
 from book.exercises.core import shown as _shown
 
 # Exercise 15.3's problem: the chapter's text states these numbers.
@@ -116,6 +125,7 @@ def ch15_capacity(route_with_capacity):
             f"For {case} the capacity is not {got_capacity:g}: the average expert gets "
             "k * tokens / experts assignments, times the capacity factor, rounded up.",
         )
+        unmasked(got_kept, "kept", "a plain array of True and False")
         try:
             got = np.asarray(got_kept)
         except Exception:
@@ -203,6 +213,8 @@ def ch15_merge_normalized(merge_normalized):
             isinstance(answer, (tuple, list)) and len(answer) == 2,
             "Return two things, (o, lse): the merged output and its log-sum-exp.",
         )
+        unmasked(answer[0], "o", "plain arrays of numbers")
+        unmasked(answer[1], "lse", "plain arrays of numbers")
         try:
             o, lse = (np.asarray(a, dtype=np.float64) for a in answer)
         except Exception:

@@ -43,6 +43,11 @@ def block_values(device_id: int, block: tuple[int, ...]) -> np.ndarray:
 
 
 @validate.impostors_refused
+def _besides_pairs(text: str) -> str:
+    """What ``text`` holds besides its pairs, the commas, blanks and brackets between them."""
+    return re.sub(r"[\s,\[\]]", "", _PAIR.sub("", text))
+
+
 def parse_perm(text: str, size: int) -> tuple[tuple[int, int], ...]:
     """``"shift"``, ``"ring"`` or (source, destination) pairs such as ``"(0, 1), (1, 0)"``.
 
@@ -62,7 +67,10 @@ def parse_perm(text: str, size: int) -> tuple[tuple[int, int], ...]:
     if word == "ring":
         return tuple((k, (k + 1) % size) for k in range(size))
     pairs = [(int(a), int(b)) for a, b in _PAIR.findall(text)]
-    if not pairs or re.sub(r"[\s,\[\]]", "", _PAIR.sub("", text)):
+    body = text.strip()
+    if body[:1] + body[-1:] == "()" and not _besides_pairs(body[1:-1]):
+        body = body[1:-1]  # a tuple of pairs, as jax.lax.ppermute takes them
+    if not pairs or _besides_pairs(body):
         raise specs.SpecError(
             f"Could not read {text.strip()!r} as a permutation; type shift, ring, or "
             "(source, destination) pairs such as (0, 1), (1, 0)."
