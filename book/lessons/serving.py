@@ -7,7 +7,7 @@ notebooks/20_serving.ipynb: edit the chapter, not this file.
 
 import jax
 import jax.numpy as jnp
-from book.lessons.transformer import STREAM, constrain, rms_norm
+from book.lessons.transformer import STREAM, constrain, embed, rms_norm
 from functools import partial
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -58,7 +58,7 @@ def forward_cached(params, tokens, cache, pos, cfg, layout=None):
         x = x + constrain(jnp.einsum("bsf,fd->bsd", h, p["w_out"]), STREAM, layout)
         return x, (k, v)
 
-    x = constrain(params["embed"][tokens], STREAM, layout)
+    x = constrain(embed(params["embed"], tokens), STREAM, layout)
     x, (k, v) = jax.lax.scan(layer, x, (params["blocks"], cache["k"], cache["v"]))
     x = rms_norm(x[:, -1], params["final_norm"])
     logits = constrain(x @ params["unembed"], ("batch", "vocab"), layout)
@@ -81,7 +81,8 @@ def prefill(params, prompts, length, cfg, layout=None):
 
 def decode(params, token, cache, pos, steps, cfg, layout=None):
     """`steps` greedy tokens after `token` (at pos), one per step: (tokens, cache)."""
-    # A write past the end would land on the cache's last position. pos, if known:
+    # A write past the end would land on the last position. pos, if known (under jit,
+    # traced: the caller checks it):
     length, known = cache["k"].shape[2], not isinstance(pos, jax.core.Tracer)
     start = int(pos) if known else 0
     whole = jnp.issubdtype(type(steps), jnp.integer) and (not known or start == pos)

@@ -162,9 +162,18 @@ def run_blocks(x, blocks, cfg, layout=None, policy=None):
     return jax.lax.scan(layer, x, blocks)[0]
 
 
+def embed(table, tokens):
+    """The rows of `table` for `tokens`: NaN for an id outside it, not a clamped row."""
+    return (
+        jnp.asarray(table)
+        .at[tokens]
+        .get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
+    )
+
+
 def forward(params, tokens, cfg, layout=None, policy=None):
     """Logits for every position; policy, when given, remats each layer with it."""
-    x = constrain(params["embed"][tokens], STREAM, layout)
+    x = constrain(embed(params["embed"], tokens), STREAM, layout)
     x = run_blocks(x, params["blocks"], cfg, layout, policy)
     x = rms_norm(x, params["final_norm"])
     logits = jnp.einsum("bsd,dv->bsv", x, params["unembed"])
