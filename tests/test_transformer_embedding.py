@@ -94,8 +94,6 @@ def test_an_id_outside_the_vocabulary_poisons_its_row_only(bad_id):
     params = lesson.init_params(CFG)
     tokens = np.random.default_rng(0).integers(0, CFG.vocab, (BATCH, SEQ), np.int32)
     tokens[3, 5] = bad_id  # indexing would have read a clamped or wrapped row, quietly
-    logits = jax.jit(lambda p, t: lesson.forward(p, t, CFG, layout("FSDP x TP")))(
-        params, tokens
-    )
+    logits = jax.jit(lambda p, t: lesson.forward(p, t, CFG, layout("FSDP x TP")))(params, tokens)
     poisoned = np.isnan(np.asarray(logits)).any(axis=(1, 2))
     assert poisoned.tolist() == [row == 3 for row in range(BATCH)]  # NaN, not a quiet row
