@@ -92,7 +92,13 @@ def product_error(result, a, b) -> np.ndarray:
         raise AssertionError(
             f"The result has shape {got.shape}, but A @ B has shape {(a64.shape[0], b64.shape[1])}."
         )
-    scale = np.abs(a64) @ np.abs(b64)
+    with np.errstate(over="ignore"):
+        scale = np.abs(a64) @ np.abs(b64)
+    if not np.isfinite(scale).all():  # no relative error can be read against inf
+        raise validate.BadValue(
+            "A @ B overflows float64 (|A| @ |B| reaches infinity), so no result can be checked "
+            "against it; scale A and B down."
+        )
     with np.errstate(invalid="ignore", over="ignore"):
         error = np.abs(got - a64 @ b64) / np.maximum(scale, np.finfo(np.float64).tiny)
     return np.where(np.isfinite(got), error, np.inf)

@@ -142,10 +142,7 @@ def parse_axis_names(text: str) -> tuple[str, ...]:
         raise SpecError(f"There are {len(names)} axis names; use at most {validate.MAX_AXES}.")
     for name in names:
         if not _NAME.match(name):
-            raise SpecError(
-                f"{name!r} is not a usable axis name; use ASCII letters (a to z), digits and "
-                "underscores, for example 'data'."
-            )
+            raise _unusable_name(name)
     for name in names:
         if names.count(name) > 1:
             raise SpecError(
@@ -154,9 +151,20 @@ def parse_axis_names(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _unusable_name(name: str) -> SpecError:
+    """The sentence for a quoted axis name that is not one, naming its first odd character."""
+    odd = next((c for c in name if not (c.isascii() and (c.isalnum() or c == "_"))), None)
+    why = f": it holds {odd!r} (U+{ord(odd):04X})" if odd is not None else ""
+    why = why or (": it is longer than 64 characters" if len(name) > 64 else "")
+    return SpecError(
+        f"{validate.describe(name, 60)} is not a usable axis name{why}; use ASCII letters (a "
+        "to z), digits and underscores, for example 'data'."
+    )
+
+
 def _tokens(text: str):
     pos = 0
-    text = text.rstrip()
+    text = "".join(" " if c.isspace() else c for c in text).rstrip()  # pasted spaces too
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None:
@@ -237,6 +245,8 @@ def _entry(toks, i):
         names, i = [], i + 1
         while i < len(toks) and toks[i] != ("punct", ")"):
             name = _name(toks[i])
+            if name is None and toks[i][0] == "str":
+                raise _unusable_name(toks[i][1])
             if name is None:
                 raise SpecError(
                     "A group in parentheses may hold only axis names, as in ('data', 'model')."
@@ -248,6 +258,8 @@ def _entry(toks, i):
         if i >= len(toks):
             raise SpecError("A parenthesis in the partition spec is never closed; add the ')'.")
         return tuple(names) if len(names) != 1 else names[0], i + 1
+    if tok[0] == "str":
+        raise _unusable_name(tok[1])
     raise SpecError(
         f"Could not read {tok[1]!r} in the partition spec; write axis names in quotes, None, or "
         "groups in parentheses."

@@ -334,6 +334,14 @@ def test_assert_product_fails_a_product_that_is_not_finite(result):
         checks.assert_product(result, A, B)
 
 
+def test_a_product_past_float64_is_refused_not_passed():
+    a, b = np.full((1, 2), 1e300), np.full((2, 1), 1e10)  # finite, their product is not
+    for check in (checks.assert_product, checks.product_error):
+        with pytest.raises(ReaderError, match="overflows float64") as caught:
+            check(np.array([[7.0]]), a, b)
+        one_sentence(caught.value)
+
+
 def test_assert_product_names_a_complex_result_as_such():
     with pytest.raises(ReaderError, match="must hold real numbers, not complex ones"):
         checks.assert_product(A @ B + 0j, A, B)

@@ -214,3 +214,28 @@ def test_a_stray_character_in_a_shape_is_named(text, words):
 def test_a_shape_with_a_power_or_no_closing_bracket_is_named_so(text, said):
     with pytest.raises(SpecError, match=said):
         parse_shape(text)
+
+
+@pytest.mark.parametrize(
+    "text, spec",
+    [
+        ("P('data',\u00a0None)", P("data", None)),  # a no-break space, pasted from a page
+        ("P('data',\u2009'model')", P("data", "model")),  # a thin space
+        ("\u3000P('data')", P("data")),  # an ideographic space before it
+    ],
+)
+def test_specs_read_any_space_between_tokens(text, spec):
+    assert parse_partition_spec(text) == spec
+
+
+@pytest.mark.parametrize(
+    "text, odd",
+    [
+        ("P('d\u0430ta', None)", "'а' (U+0430)"),  # a Cyrillic a that looks Latin
+        ("P(('data\u200b', 'model'))", "(U+200B)"),  # a zero-width space, in a group
+    ],
+)
+def test_a_quoted_name_with_an_odd_character_names_it(text, odd):
+    with pytest.raises(SpecError, match="is not a usable axis name: it holds") as caught:
+        parse_partition_spec(text)
+    assert odd in str(caught.value)
