@@ -777,7 +777,8 @@ def before_after_table(
     ``before`` and ``after`` are ``jax.Array``s (read with ``shards.device_blocks``) or
     per-device lists, in the same device order. Each device keeps its colour in both columns.
     """
-    before, after = shards.blocks(before), shards.blocks(after)
+    before = shards.blocks(before, "before_after_table's before")
+    after = shards.blocks(after, "before_after_table's after")
     title = _title(title)
     headers = validate.plain(headers)
     if (
@@ -923,7 +924,8 @@ def collective_diagram(
     (``groups``: lists of device positions reduced together; default all) and each arrow out
     says what its device kept, checked against the actual values.
     """
-    before, after = shards.blocks(before), shards.blocks(after)
+    before = shards.blocks(before, "collective_diagram's before")
+    after = shards.blocks(after, "collective_diagram's after")
     n = len(before)
     if len(after) != n:
         raise DisplayError(f"{n} blocks before but {len(after)} after; pass one per device.")

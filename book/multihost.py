@@ -234,7 +234,7 @@ def folder(text: str) -> str:
         raise ReaderError(f"There is no folder at {text!r}; give the folder's path.")
     if next(path.iterdir(), None) is None:
         raise ReaderError(f"The folder {text!r} is empty; give the one the chapter wrote.")
-    return text
+    return str(path)  # ~ read as the home folder, as the check above read it
 
 
 def new_folder(text: str) -> str:
@@ -246,6 +246,8 @@ def new_folder(text: str) -> str:
     try:
         if url or not isinstance(text, str) or not text.encode():  # also: not UTF-8
             raise ValueError
+        # ~ is the home folder, as a shell reads it (but not after --flag=, so here too)
+        text = os.path.expanduser(text)
         path = Path(text).absolute()
         near = next(p for p in [path, *path.parents] if os.path.lexists(p))
         with tempfile.TemporaryDirectory(dir=near) as scratch:
@@ -842,7 +844,8 @@ class Job:
         """Send signal ``sig`` to one worker, or to every worker (``process=None``).
 
         It goes to the worker's Python process, the one running the script, as a scheduler
-        sends it to each task of a job. Returns what was done, as a ``kill`` command line.
+        sends it to each task of a job. Returns what was done, as a ``kill`` command line, or
+        in words where every worker it was meant for had already exited.
         """
         sig = validate.signal_of(sig)
         self._still_running("signal")
@@ -852,7 +855,10 @@ class Job:
             if self.procs[i].poll() is None:
                 _signal(self.procs[i].pid, sig)
                 sent.append(str(self.procs[i].pid))
-        return f"kill -{sig.name.removeprefix('SIG')} {' '.join(sent)}".rstrip()
+        if not sent:  # said in words, as a SlurmJob says it: no kill line for nothing done
+            whom = "every worker" if process is None else f"worker {targets[0]}"
+            return f"nothing sent: {whom} had already exited"
+        return f"kill -{sig.name.removeprefix('SIG')} {' '.join(sent)}"
 
     def wait_for(self, pattern: str, process: int = 0) -> re.Match:
         """Wait until worker ``process`` prints a line matching ``pattern``; return the match.

@@ -83,7 +83,11 @@ def device_blocks(x) -> list[tuple[str, np.ndarray]]:
     For the output of ``jax.shard_map`` this is exactly what each device's function returned,
     whether ``out_specs`` concatenates the blocks or promises they are equal.
     """
-    validate.array(x, "device_blocks's argument")
+    return _device_blocks(x, "device_blocks's argument")
+
+
+def _device_blocks(x, what: str) -> list[tuple[str, np.ndarray]]:
+    validate.array(x, what)
     by_device = {s.device: np.asarray(s.data) for s in x.addressable_shards}
     mesh = getattr(x.sharding, "mesh", None)
     if mesh is None or not hasattr(mesh, "devices"):
@@ -96,12 +100,15 @@ def device_blocks(x) -> list[tuple[str, np.ndarray]]:
 
 
 @validate.impostors_refused
-def blocks(given) -> list[tuple[str, np.ndarray]]:
-    """Labelled per-device blocks from a ``jax.Array``, (label, values) pairs, or bare values."""
+def blocks(given, what: str = "blocks's argument") -> list[tuple[str, np.ndarray]]:
+    """Labelled per-device blocks from a ``jax.Array``, (label, values) pairs, or bare values.
+
+    ``what`` names the argument in a refusal, as the function the reader called calls it.
+    """
     import jax
 
     if isinstance(given, jax.Array):
-        return device_blocks(given)
+        return _device_blocks(given, what)
     given = validate.plain(given)
     if not isinstance(given, (list, tuple)) or not given:
         raise ShardError(
@@ -137,7 +144,7 @@ def trace_moves(before, after) -> tuple[dict[tuple[int, int], list], set[int]]:
     input had (what ``ppermute`` writes where nobody sends). Inputs must hold distinct values.
     Input values that no output holds are in no move: a slice of the input traces as a slice.
     """
-    before, after = blocks(before), blocks(after)
+    before, after = blocks(before, "trace_moves's before"), blocks(after, "trace_moves's after")
     home = {}
     for k, (_, b) in enumerate(before):
         for v in b.ravel().tolist():

@@ -37,6 +37,7 @@ from book import (
     hlo,
     jobs,
     models,
+    shards,
     sizing,
     slurm,
     specs,
@@ -1784,3 +1785,21 @@ def test_sweep_27_residuals_indexes_layouts_and_quotes():
     rows = manual._chapter_05_rows(line_mesh("i"))
     verdict = exercises.ch05_predict_all_to_all((8, 1), rows[:, 2])
     assert not verdict.ok and "does not hold [102.0, 112.0" in verdict.message
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda a: shards.trace_moves(a, a), "trace_moves's before"),
+        (lambda a: display.before_after_table(a, a), "before_after_table's before"),
+        (lambda a: display.collective_diagram(a, a), "collective_diagram's before"),
+    ],
+)
+def test_a_refused_array_is_named_as_the_function_called_names_it(call, name):
+    keys = jax.random.split(jax.random.key(0), 8)
+    gone = jnp.arange(8.0)
+    gone.delete()
+    for refused in (keys, gone):
+        with pytest.raises(ReaderError) as caught:
+            call(refused)
+        assert str(caught.value).startswith(name) and "device_blocks" not in str(caught.value)

@@ -698,6 +698,9 @@ def test_a_started_job_is_watched_signalled_and_left_to_end_by_itself(sleeper, t
         job.signal(signal.SIGKILL)  # to every worker still running
         assert job.wait_for_exits() == [-signal.SIGTERM, -signal.SIGKILL]
         assert set(job.ended) == {0, 1} and job.outputs()[1] == "worker 1 started\n"
+        # once they have exited, nothing is sent, and the answer says so
+        assert job.signal(signal.SIGTERM) == "nothing sent: every worker had already exited"
+        assert job.signal(signal.SIGTERM, 1) == "nothing sent: worker 1 had already exited"
         folder = job.folder
     assert not folder.exists()
     assert_nothing_left(tmp_path, recorded_pids(tmp_path))
@@ -837,6 +840,15 @@ def test_a_workers_reader_error_comes_back_as_its_one_line_under_launch(tmp_path
         book.multihost.launch(worker, 1, 1, timeout=60, args=["a"])
     assert "worker.py: give a global batch divisible by 4." in str(failed.value)
     assert "Traceback" not in str(failed.value)
+
+
+def test_folder_kinds_read_a_tilde_as_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # a shell leaves ~ alone after --flag=
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step_8").mkdir()
+    assert book.multihost.folder("~/ckpt") == str(tmp_path / "ckpt")
+    assert book.multihost.new_folder("~/cache") == str(tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # tried, not made
 
 
 def test_the_script_argument_kinds_for_folders_and_settings(tmp_path):
