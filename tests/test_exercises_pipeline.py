@@ -288,3 +288,35 @@ def test_in_flight_counts_no_work_it_does_not_know():
 
 def test_schedule_takes_numpy_integers():
     assert pipeline.schedule(np.int64(4), np.int32(8)).shape == (4, 11)
+
+
+@pytest.mark.parametrize("bad_id", [16, -1])
+def test_ids_outside_the_vocabulary_are_nan_on_every_layout(bad_id):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(0)
+    y = jnp.asarray(rng.standard_normal((1, 2, 4, 8)), jnp.float32)
+    unembed = jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)  # 16 tokens
+    table = jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 16, (1, 2, 4)), jnp.int32).at[0, 1, 2].set(bad_id)
+    mesh = jax.make_mesh((2,), ("model",))
+    by_vocab = NamedSharding(mesh, P(None, "model"))
+
+    def split(f, specs):
+        return jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P())
+
+    loss = split(
+        lambda y, u, t: pipeline.cross_entropy(y, u, t, ("model",)), (P(), P(None, "model"), P())
+    )
+    assert np.isnan(float(pipeline.cross_entropy(y, unembed, targets, ())))
+    assert np.isnan(float(loss(y, jax.device_put(unembed, by_vocab), targets)))
+    ids = jnp.array([3, bad_id])
+    rows = split(lambda t, k: pipeline.embed(t, k, ("model",)), (P("model"), P()))
+    for found in (
+        pipeline.embed(table, ids, ()),
+        rows(jax.device_put(table, by_vocab.update(spec=P("model"))), ids),
+    ):
+        assert np.isfinite(np.asarray(found[0])).all() and np.isnan(np.asarray(found[1])).all()

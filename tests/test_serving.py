@@ -171,3 +171,20 @@ def test_decoding_past_the_end_of_the_cache_is_refused_not_clamped():
         serving.prefill(params, prompts, 3, cfg)
     with pytest.raises(ValueError, match="no 9 steps from a traced position"):  # the length alone
         jax.jit(serving.decode, static_argnums=(4, 5))(params, token, cache, 4, 9, cfg)
+    # under jit the position is traced: a call that would pass the end marks its tokens -1
+    run = jax.jit(serving.decode, static_argnums=(4, 5))
+    assert (np.asarray(run(params, token, cache, 7, 5, cfg)[0]) == -1).all()
+    assert (np.asarray(run(params, token, cache, 4, 4, cfg)[0]) >= 0).all()
+
+
+@pytest.mark.parametrize("bad_id", [64, 10**6, -1])
+def test_a_prompt_holding_an_id_outside_the_vocabulary_decodes_to_minus_one(bad_id):
+    cfg = Config()  # 64 tokens
+    params = jax.tree.map(jax.numpy.asarray, init_params(cfg))
+    prompts = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
+    prompts[0, 2] = bad_id
+    prefill = jax.jit(serving.prefill, static_argnums=(2, 3))
+    first, cache = prefill(params, prompts, 8, cfg)
+    assert int(first[0]) == -1 and int(first[1]) >= 0  # the other row is untouched
+    rest, _ = jax.jit(serving.decode, static_argnums=(4, 5))(params, first, cache, 4, 3, cfg)
+    assert (np.asarray(rest[0]) == -1).all() and (np.asarray(rest[1]) >= 0).all()

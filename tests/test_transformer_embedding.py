@@ -97,3 +97,15 @@ def test_an_id_outside_the_vocabulary_poisons_its_row_only(bad_id):
     logits = jax.jit(lambda p, t: lesson.forward(p, t, CFG, layout("FSDP x TP")))(params, tokens)
     poisoned = np.isnan(np.asarray(logits)).any(axis=(1, 2))
     assert poisoned.tolist() == [row == 3 for row in range(BATCH)]  # NaN, not a quiet row
+
+
+@pytest.mark.parametrize("bad_target", [CFG.vocab, -1])
+def test_a_target_outside_the_vocabulary_makes_the_loss_nan(bad_target):
+    params = lesson.init_params(CFG)
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab, (BATCH, SEQ), np.int32)
+    targets = np.roll(tokens, -1, axis=1)
+    assert np.isfinite(
+        float(jax.jit(lesson.loss_fn, static_argnums=3)(params, tokens, targets, CFG))
+    )
+    targets[2, 3] = bad_target  # one_hot of it is all zeros: it would score as certain
+    assert np.isnan(float(jax.jit(lesson.loss_fn, static_argnums=3)(params, tokens, targets, CFG)))

@@ -239,13 +239,14 @@ def embed(table, tokens, axes):
     each device looks up the tokens in its slice, zeros for the others, and a psum
     over "model" adds the slices' answers."""
     if "model" not in axes:
-        return table[tokens]
+        return transformer.embed(table, tokens)  # NaN for an id outside the table
     rows = table.shape[0]
     mine = tokens - jax.lax.axis_index("model") * rows
     # Others past the end: a negative index would count from the end, as in NumPy.
     mine = jnp.where((mine >= 0) & (mine < rows), mine, rows)
     found = jnp.take(table, mine, axis=0, mode="fill", fill_value=0)
-    return jax.lax.psum(found, "model")
+    known = (tokens >= 0) & (tokens < rows * jax.lax.axis_size("model"))
+    return jnp.where(known[..., None], jax.lax.psum(found, "model"), jnp.nan)
 
 
 def cross_entropy(y, unembed, targets, axes):
@@ -257,7 +258,8 @@ def cross_entropy(y, unembed, targets, axes):
         picked = jnp.sum(
             jax.nn.one_hot(targets, unembed.shape[-1]) * log_probs, axis=-1
         )
-        return -jnp.mean(picked)
+        known = (targets >= 0) & (targets < unembed.shape[-1])
+        return -jnp.mean(jnp.where(known, picked, jnp.nan))  # NaN for an unknown target
     y = jax.lax.pcast(y, "model", to="varying")
     logits = jnp.einsum("mbsd,dv->mbsv", y, unembed)
     vocab_here = logits.shape[-1]
@@ -267,7 +269,9 @@ def cross_entropy(y, unembed, targets, axes):
     index = jnp.clip(mine, 0, vocab_here - 1)[..., None]
     picked = jnp.take_along_axis(logits, index, axis=-1)[..., 0]
     picked = jnp.where((mine >= 0) & (mine < vocab_here), picked, 0.0)
-    return jnp.mean(jnp.log(total) + top[..., 0] - jax.lax.psum(picked, "model"))
+    known = (targets >= 0) & (targets < vocab_here * jax.lax.axis_size("model"))
+    each = jnp.log(total) + top[..., 0] - jax.lax.psum(picked, "model")
+    return jnp.mean(jnp.where(known, each, jnp.nan))  # NaN for an unknown target
 
 
 def make_pipeline(

@@ -76,13 +76,15 @@ def prefill(params, prompts, length, cfg, layout=None):
     logits, cache = forward_cached(
         params, prompts, {"k": empty, "v": empty}, 0, cfg, layout
     )
-    return jnp.argmax(logits, axis=-1).astype(prompts.dtype), cache
+    first = jnp.argmax(logits, axis=-1).astype(prompts.dtype)
+    unknown = ((prompts < 0) | (prompts >= cfg.vocab)).any(-1)  # NaN logits: say so
+    return jnp.where(unknown, -1, first), cache
 
 
 def decode(params, token, cache, pos, steps, cfg, layout=None):
     """`steps` greedy tokens after `token` (at pos), one per step: (tokens, cache)."""
-    # A write past the end would land on the last position. pos, if known (under jit,
-    # traced: the caller checks it):
+    # A write past the end would land on the last position: refused where pos is known;
+    # under jit, where it is traced, such a call's tokens read -1 (last line).
     length, known = cache["k"].shape[2], not isinstance(pos, jax.core.Tracer)
     start = int(pos) if known else 0
     whole = jnp.issubdtype(type(steps), jnp.integer) and (not known or start == pos)
@@ -93,11 +95,12 @@ def decode(params, token, cache, pos, steps, cfg, layout=None):
     def step(carry, _):
         token, cache, pos = carry
         logits, cache = forward_cached(params, token[:, None], cache, pos, cfg, layout)
-        token = jnp.argmax(logits, axis=-1).astype(token.dtype)
+        best = jnp.argmax(logits, axis=-1).astype(token.dtype)
+        token = jnp.where(token < 0, token, best)  # a row marked -1 stays so
         return (token, cache, pos + 1), token
 
     (_, cache, _), tokens = jax.lax.scan(step, (token, cache, pos), length=steps)
-    return tokens.T, cache
+    return jnp.where(pos + steps <= length, tokens.T, -1), cache  # -1: past the end
 
 
 SERVING_RULES = {

@@ -184,7 +184,9 @@ def loss_fn(params, tokens, targets, cfg, layout=None, policy=None):
     """Mean cross-entropy of the next-token predictions."""
     logits = forward(params, tokens, cfg, layout, policy)
     log_probs = jax.nn.log_softmax(logits)
-    return -jnp.mean(jnp.sum(jax.nn.one_hot(targets, cfg.vocab) * log_probs, axis=-1))
+    picked = jnp.sum(jax.nn.one_hot(targets, cfg.vocab) * log_probs, axis=-1)
+    known = (targets >= 0) & (targets < cfg.vocab)  # else one_hot is all zeros: NaN
+    return -jnp.mean(jnp.where(known, picked, jnp.nan))
 
 
 def make_step(cfg, layout=None, policy=None, learning_rate=1.0):
