@@ -689,6 +689,13 @@ _JAX_NAMES = {
     "reduce_max": "reduce",
     "broadcast_in_dim": "broadcast",
     "conv_general_dilated": "convolution",
+    "cond": "conditional",
+    "switch": "conditional",
+    "scan": "while",
+    "fori_loop": "while",
+    "while_loop": "while",
+    "pjit": "call",
+    "jit": "call",
 }
 # HLO's operations (XLA's hlo_opcode.h), as a compiled program names them.
 _OPCODES = frozenset(

@@ -303,7 +303,7 @@ def synthetic_data(seed, n: int, features: int, classes: int, dtype=np.float32):
     ``features`` and ``classes`` only, not on ``seed``, so every seed draws from the same task.
     """
     dtype = _dtype(dtype)
-    n = validate.whole(n, "n", high=2**24, example=1024)
+    n = validate.whole(n, "The number of examples (n, a batch)", high=2**24, example=1024)
     features = validate.whole(features, "features", high=2**16, example=16)
     classes = validate.whole(classes, "classes", high=2**16, example=4)
     if n * features > 2**26:

@@ -12,7 +12,7 @@ import inspect
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -77,6 +77,18 @@ def format_seconds(seconds: float) -> str:
 def _block(result):
     import jax
 
+    if inspect.iscoroutine(result) or inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: close it, so Python does not warn
+        raise validate.BadValue(
+            "f returned a coroutine (it is async def), whose work runs only when awaited; "
+            "time a function that does the work and returns its result."
+        )
+    if isinstance(result, Iterator):
+        raise validate.BadValue(
+            f"f returned {validate.describe(result)}, an iterator whose work runs only as it "
+            "is read; return the results themselves (a list, or arrays)."
+        )
     try:
         return jax.block_until_ready(result)
     except (ValueError, TypeError):  # a dict whose keys JAX cannot sort, as {"loss": 1, 0: 2}

@@ -36,6 +36,8 @@ def test_ch01_chip_rows():
     rejected(exercises.ch01_chip_rows(split_chips), "sit on different chips")
     rejected(exercises.ch01_chip_rows(lambda cores: None), "Not answered yet")
     rejected(exercises.ch01_chip_rows(lambda cores: np.asarray(cores)), "shape (8,)")
+    lazily = lambda cores: (row for row in right(cores))  # noqa: E731 - rows, unread
+    rejected(exercises.ch01_chip_rows(lazily), "chip_rows returned a generator; return")
 
 
 def test_ch01_reversed_mesh():

@@ -1616,7 +1616,9 @@ def test_residuals_of_explicitly_sharded_arrays_are_read():
     "op, guess",
     [("all_reduce", "all-reduce"), ("psum", "all-reduce"), ("AllReduce", "all-reduce"),
      ("ALL-REDUCE", "all-reduce"), ("all-reduce ", "all-reduce"), ("allreduce", "all-reduce"),
-     ("all\u2010reduce", "all-reduce"), ("dot_general", "dot"), ("matmul", "dot")],
+     ("all\u2010reduce", "all-reduce"), ("dot_general", "dot"), ("matmul", "dot"),
+     ("cond", "conditional"), ("switch", "conditional"), ("scan", "while"),
+     ("fori_loop", "while"), ("pjit", "call")],
 )  # fmt: skip
 def test_an_op_named_otherwise_than_hlo_names_it_is_refused(op, guess):
     step = jax.jit(lambda a: jnp.sum(a)).lower(jnp.ones(8)).compile()
@@ -1803,3 +1805,8 @@ def test_a_refused_array_is_named_as_the_function_called_names_it(call, name):
         with pytest.raises(ReaderError) as caught:
             call(refused)
         assert str(caught.value).startswith(name) and "device_blocks" not in str(caught.value)
+
+
+def test_too_many_examples_are_named_as_a_batch_not_n():
+    with pytest.raises(ReaderError, match=r"The number of examples \(n, a batch\) is too large"):
+        models.synthetic_data(1, 2**25, 8, 8)

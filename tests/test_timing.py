@@ -5,12 +5,14 @@ is what ``measure`` does, never how fast this machine happens to be (timing is s
 ``make bench`` and the chapters, not asserted).
 """
 
+import re
 import time
+import warnings
 
 import pytest
 from hostile_values import holding_itself, nested
 
-from book import timing
+from book import timing, validate
 from book.errors import ReaderError
 
 
@@ -173,3 +175,18 @@ def test_measure_names_a_deleted_result_not_a_donation():
 
     with pytest.raises(ReaderError, match="f returned an array that was deleted"):
         timing.measure(gives_a_deleted_array, runs=2)
+
+
+def test_measure_refuses_work_that_has_not_run():
+    async def step():
+        time.sleep(0.2)  # never awaited, so never run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "coroutine was never awaited" either
+        for f, words in [
+            (step, "f returned a coroutine (it is async def)"),
+            (lambda: (time.sleep(0.1) for _ in range(2)), "f returned a generator"),
+            (lambda: map(abs, [1, 2]), "f returned a map"),
+        ]:
+            with pytest.raises(validate.BadValue, match=re.escape(words)):
+                timing.measure(f, warmup=1, runs=2)

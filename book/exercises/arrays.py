@@ -4,6 +4,7 @@ of them."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -42,6 +43,8 @@ def ch01_chip_rows(chip_rows):
     function(chip_rows, "chip_rows", (list(cores),), "(cores)")
     grid = chip_rows(list(cores))
     answered(grid, "chip_rows returns nothing yet; return a 4x2 array of the cores")
+    if isinstance(grid, Iterator):  # NumPy would hold the generator itself, shape ()
+        returned(grid, "chip_rows", "a 4x2 array of the cores, or a list of its rows")
     try:
         grid = np.asarray(grid, dtype=object)
     except Exception:  # noqa: BLE001 - a ragged or self-holding list
