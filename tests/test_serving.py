@@ -174,6 +174,7 @@ def test_decoding_past_the_end_of_the_cache_is_refused_not_clamped():
     # under jit the position is traced: a call that would pass the end marks its tokens -1
     run = jax.jit(serving.decode, static_argnums=(4, 5))
     assert (np.asarray(run(params, token, cache, 7, 5, cfg)[0]) == -1).all()
+    assert (np.asarray(run(params, token, cache, -1, 3, cfg)[0]) == -1).all()  # before it
     assert (np.asarray(run(params, token, cache, 4, 4, cfg)[0]) >= 0).all()
 
 
@@ -188,3 +189,16 @@ def test_a_prompt_holding_an_id_outside_the_vocabulary_decodes_to_minus_one(bad_
     assert int(first[0]) == -1 and int(first[1]) >= 0  # the other row is untouched
     rest, _ = jax.jit(serving.decode, static_argnums=(4, 5))(params, first, cache, 4, 3, cfg)
     assert (np.asarray(rest[0]) == -1).all() and (np.asarray(rest[1]) >= 0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint32, np.int64])
+def test_the_minus_one_mark_survives_any_integer_dtype(dtype):
+    cfg = Config()
+    params = jax.tree.map(jax.numpy.asarray, init_params(cfg))
+    prompts = np.array([[1, 2, 64, 4], [5, 6, 7, 8]], dtype)  # 64: past the vocabulary
+    first, cache = jax.jit(serving.prefill, static_argnums=(2, 3))(params, prompts, 8, cfg)
+    assert first.tolist()[0] == -1
+    run = jax.jit(serving.decode, static_argnums=(4, 5))
+    assert (np.asarray(run(params, first, cache, 4, 3, cfg)[0][0]) == -1).all()
+    given = jax.numpy.array([64, int(first[1])])  # a token past the vocabulary, given by hand
+    assert (np.asarray(run(params, given, cache, 4, 3, cfg)[0][0]) == -1).all()

@@ -76,9 +76,8 @@ def prefill(params, prompts, length, cfg, layout=None):
     logits, cache = forward_cached(
         params, prompts, {"k": empty, "v": empty}, 0, cfg, layout
     )
-    first = jnp.argmax(logits, axis=-1).astype(prompts.dtype)
     unknown = ((prompts < 0) | (prompts >= cfg.vocab)).any(-1)  # NaN logits: say so
-    return jnp.where(unknown, -1, first), cache
+    return jnp.where(unknown, -1, jnp.argmax(logits, axis=-1)), cache  # int32, as -1
 
 
 def decode(params, token, cache, pos, steps, cfg, layout=None):
@@ -95,12 +94,13 @@ def decode(params, token, cache, pos, steps, cfg, layout=None):
     def step(carry, _):
         token, cache, pos = carry
         logits, cache = forward_cached(params, token[:, None], cache, pos, cfg, layout)
-        best = jnp.argmax(logits, axis=-1).astype(token.dtype)
-        token = jnp.where(token < 0, token, best)  # a row marked -1 stays so
+        token = jnp.where(token < 0, -1, jnp.argmax(logits, axis=-1))  # -1 stays -1
         return (token, cache, pos + 1), token
 
+    token = jnp.where((token < 0) | (token >= cfg.vocab), -1, token).astype(jnp.int32)
     (_, cache, _), tokens = jax.lax.scan(step, (token, cache, pos), length=steps)
-    return jnp.where(pos + steps <= length, tokens.T, -1), cache  # -1: past the end
+    inside = (pos >= 0) & (pos + steps <= length)  # else the writes were clamped: -1
+    return jnp.where(inside, tokens.T, -1), cache
 
 
 SERVING_RULES = {
