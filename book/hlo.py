@@ -696,6 +696,24 @@ _JAX_NAMES = {
     "while_loop": "while",
     "pjit": "call",
     "jit": "call",
+    "exp": "exponential",
+    "mul": "multiply",
+    "sub": "subtract",
+    "div": "divide",
+    "max": "maximum",
+    "min": "minimum",
+    "neg": "negate",
+    "pow": "power",
+    "rem": "remainder",
+    "eq": "compare",
+    "ne": "compare",
+    "lt": "compare",
+    "le": "compare",
+    "gt": "compare",
+    "ge": "compare",
+    "convert_element_type": "convert",
+    "axis_index": "partition-id",
+    "integer_pow": "multiply",
 }
 # HLO's operations (XLA's hlo_opcode.h), as a compiled program names them.
 _OPCODES = frozenset(
@@ -741,11 +759,16 @@ def op_name(op, also=()) -> str:
     plain = unicodedata.normalize("NFKC", op).translate(_DASHES).strip()
     guess = _JAX_NAMES.get(plain) or plain.lower().replace("_", "-").replace(" ", "-")
     if guess not in known:
-        close = difflib.get_close_matches(guess, sorted(known), n=1, cutoff=0.6)
-        guess = close[0] if close else "all-gather"
+        close = difflib.get_close_matches(guess, sorted(known), n=1, cutoff=0.7)
+        guess = close[0] if close else None
+    nearest = (
+        f"HLO's nearest name is '{guess}'"
+        if guess
+        else "HLO names operations in lower case with hyphens, such as 'all-gather' or 'dot'"
+    )
     raise HloError(
         f"HLO has no operation named {validate.describe(op, 40)}, so it matches no "
-        f"instruction; HLO's nearest name is '{guess}'."
+        f"instruction; {nearest}."
     )
 
 

@@ -1618,7 +1618,9 @@ def test_residuals_of_explicitly_sharded_arrays_are_read():
      ("ALL-REDUCE", "all-reduce"), ("all-reduce ", "all-reduce"), ("allreduce", "all-reduce"),
      ("all\u2010reduce", "all-reduce"), ("dot_general", "dot"), ("matmul", "dot"),
      ("cond", "conditional"), ("switch", "conditional"), ("scan", "while"),
-     ("fori_loop", "while"), ("pjit", "call")],
+     ("fori_loop", "while"), ("pjit", "call"), ("exp", "exponential"), ("mul", "multiply"),
+     ("max", "maximum"), ("lt", "compare"), ("convert_element_type", "convert"),
+     ("axis_index", "partition-id")],
 )  # fmt: skip
 def test_an_op_named_otherwise_than_hlo_names_it_is_refused(op, guess):
     step = jax.jit(lambda a: jnp.sum(a)).lower(jnp.ones(8)).compile()
@@ -1626,6 +1628,13 @@ def test_an_op_named_otherwise_than_hlo_names_it_is_refused(op, guess):
         with pytest.raises(ReaderError, match=f"nearest name is .{guess}.") as caught:
             call()
         one_sentence(caught.value)
+
+
+@pytest.mark.parametrize("op", ["remat", "xyzzy", "frobnicate"])
+def test_a_name_near_no_hlo_operation_gets_no_guess(op):
+    with pytest.raises(ReaderError, match="lower case with hyphens, such as 'all-gather'") as e:
+        hlo.op_name(op)
+    assert "nearest" not in str(e.value)
 
 
 def test_op_names_a_program_adds_are_a_list_of_texts():
