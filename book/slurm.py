@@ -11,10 +11,12 @@ output (``srun --label``) split into one text per task, without Gloo's connectio
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -120,24 +122,46 @@ def _command(command) -> list[str]:
 
 
 def _started(command: list[str], timeout: float):
-    """``subprocess.run`` of a checked command, with a program that cannot start said so."""
+    """``subprocess.run`` of a checked command, with a program that cannot start said so.
+
+    At the timeout the command's process group is sent SIGTERM (srun cancels its step on
+    it), then SIGKILL 10 s later, and ``subprocess.TimeoutExpired`` is raised: killing the
+    command alone, as ``subprocess.run`` does, could leave what it started running.
+    """
     program = command[0]
     if len(program) > 60 or not program.isprintable():
         program = validate.describe(program, 60)
     try:
         # stdin closed: sbatch given no script reads one from it, and would wait here.
-        done = subprocess.run(
-            command, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
-        done.output = done.stdout  # the bytes, for tasks() to join srun's pieces as bytes
-        done.stdout, done.stderr = _text(done.stdout), _text(done.stderr)
-        return done
     except FileNotFoundError:
         raise SlurmError(
             f"There is no {program} here; start a cluster with 'make cluster' first."
         ) from None
     except OSError as err:  # not executable, or a name too long
         raise SlurmError(f"{program} cannot be run ({err.strerror}); check the command.") from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                out, err = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
+    done = subprocess.CompletedProcess(command, proc.returncode, out, err)
+    done.output = out  # the bytes, for tasks() to join srun's pieces as bytes
+    done.stdout, done.stderr = _text(out), _text(err)
+    return done
 
 
 def run(command: list[str], timeout: float = 30) -> str:
@@ -336,12 +360,19 @@ def cancel(job_id) -> None:
     """Cancel a job (``scancel``); one that has already ended is left as it is."""
     job_id = validate.whole(job_id, "job_id", example=12)
     try:
-        _started(["scancel", str(job_id)], timeout=30)
+        done = _started(["scancel", str(job_id)], timeout=30)
     except subprocess.TimeoutExpired:
         raise SlurmError(
             f"scancel did not answer within 30 s, so job {job_id} may still run; check that "
             "the cluster is up with 'sinfo', then cancel it with 'scancel'."
         ) from None
+    said = f"{done.stderr}{done.stdout}"
+    ended = re.search(r"already completing or completed|Invalid job id", said, re.I)
+    if done.returncode != 0 and not ended:  # refused: the job may still run
+        raise SlurmError(
+            f"scancel {job_id} failed with exit code {done.returncode}, so the job may still "
+            f"run; read why at the end of its output:\n{tail(said)}"
+        )
 
 
 def tasks(text: str | bytes, num_tasks: int, script: str = "") -> Outputs:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -269,3 +270,39 @@ def test_a_job_with_fewer_tasks_than_num_tasks_is_named_not_read_as_clean_exits(
     with pytest.raises(ReaderError, match="had 2 task\\(s\\) .* but num_tasks is 3") as caught:
         job.wait_for_exits()
     assert "\n" not in str(caught.value)
+
+
+def test_a_refused_scancel_is_said_and_an_ended_job_is_not(stand_ins):
+    stand_ins(
+        "scancel",
+        "print('scancel: error: Kill job error on job id 12: Access/permission denied',"
+        " file=sys.stderr)\nsys.exit(1)\n",
+    )
+    with pytest.raises(SlurmError, match="scancel 12 failed with exit code 1, so the job may"):
+        book.slurm.cancel(12)
+    stand_ins(
+        "scancel",
+        "print('scancel: error: Kill job error on job id 12: Job/step already completing or "
+        "completed', file=sys.stderr)\nsys.exit(1)\n",
+    )
+    assert book.slurm.cancel(12) is None  # it had ended: nothing to say
+
+
+def test_a_step_past_its_timeout_is_stopped_with_what_it_started(stand_ins, tmp_path):
+    task = tmp_path / "task.py"
+    task.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    stand_ins(
+        "srun",
+        "import subprocess\nsubprocess.run([sys.executable, sys.argv[-1]])\n",  # a child runs on
+    )
+    with pytest.raises(SlurmError, match="still ran after 1 s, so it was stopped"):
+        book.slurm.step(["srun", "--label", "python3", str(task)], num_tasks=1, timeout=1)
+    time.sleep(0.5)
+    running = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(task).encode() in cmdline.read_bytes():
+                running.append(cmdline.parent.name)
+        except OSError:  # a process that ended meanwhile
+            pass
+    assert running == []
