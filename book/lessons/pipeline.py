@@ -246,7 +246,12 @@ def embed(table, tokens, axes):
     mine = jnp.where((mine >= 0) & (mine < rows), mine, rows)
     found = jnp.take(table, mine, axis=0, mode="fill", fill_value=0)
     known = (tokens >= 0) & (tokens < rows * jax.lax.axis_size("model"))
-    return jnp.where(known[..., None], jax.lax.psum(found, "model"), jnp.nan)
+    unknown = jnp.where(known, 0.0, jnp.nan)[
+        ..., None
+    ]  # NaN for an id outside the table
+    return (
+        jax.lax.psum(found, "model") + unknown
+    )  # added: the gradient keeps nothing more
 
 
 def cross_entropy(y, unembed, targets, axes):
@@ -259,7 +264,7 @@ def cross_entropy(y, unembed, targets, axes):
             jax.nn.one_hot(targets, unembed.shape[-1]) * log_probs, axis=-1
         )
         known = (targets >= 0) & (targets < unembed.shape[-1])
-        return -jnp.mean(jnp.where(known, picked, jnp.nan))  # NaN for an unknown target
+        return -jnp.mean(picked + jnp.where(known, 0.0, jnp.nan))  # NaN: unknown target
     y = jax.lax.pcast(y, "model", to="varying")
     logits = jnp.einsum("mbsd,dv->mbsv", y, unembed)
     vocab_here = logits.shape[-1]
@@ -271,7 +276,7 @@ def cross_entropy(y, unembed, targets, axes):
     picked = jnp.where((mine >= 0) & (mine < vocab_here), picked, 0.0)
     known = (targets >= 0) & (targets < vocab_here * jax.lax.axis_size("model"))
     each = jnp.log(total) + top[..., 0] - jax.lax.psum(picked, "model")
-    return jnp.mean(jnp.where(known, each, jnp.nan))  # NaN for an unknown target
+    return jnp.mean(each + jnp.where(known, 0.0, jnp.nan))  # NaN for an unknown target
 
 
 def make_pipeline(
