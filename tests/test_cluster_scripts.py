@@ -173,10 +173,9 @@ def test_slurm_job_asks_for_nodes_tasks_and_gpus_and_sruns_the_worker():
     directives = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
     assert directives["nodes"] == "2"
     assert directives["ntasks-per-node"] == "4"
-    # Some Slurm versions refuse --gpus-per-task without the task count.
-    assert directives["ntasks"] == "8"
     assert int(directives["nodes"]) * int(directives["ntasks-per-node"]) == 8
-    assert directives["gpus-per-task"] == "1"
+    # Every task sees its node's 4 GPUs, so NCCL can use NVLink (NVIDIA/nccl#1066).
+    assert directives["gpus-per-node"] == "4" and "gpus-per-task" not in directives
     assert f'"jax[cuda12]=={pinned_jax()}"' in text
 
 
@@ -193,14 +192,18 @@ def test_slurm_job_checks_its_tasks_then_runs_the_worker_in_each(tmp_path):
     assert "--kill-on-bad-exit=1" in job
     assert job[-2:] == [f"{tmp_path}/jax-env/bin/python", WORKER]
     commands_run = commands(written_files()["slurm_job.sbatch"])
-    # One GPU per task shows up as device 0 in that task; JAX must be told.
-    assert ["export", "JAX_LOCAL_DEVICE_IDS=0"] in commands_run
+    # JAX drives GPU SLURM_LOCALID of the node's 4: nothing to restrict by hand.
+    assert not any(
+        line[:1] == ["export"] and "JAX_LOCAL_DEVICE_IDS" in line[1] for line in commands_run
+    )
     assert ["export", "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK"] in commands_run
-    # A failed task ends the job at once only without JAX's preemption service.
-    assert ["export", "JAX_ENABLE_PREEMPTION_SERVICE=false"] in commands_run
+    # The worker keeps JAX's defaults (a preempted job can checkpoint); the comment says how
+    # a failure would end the job at once, with broken_worker.py's hook.
+    assert not any("JAX_ENABLE_PREEMPTION_SERVICE" in " ".join(line) for line in commands_run)
     text = written_files()["slurm_job.sbatch"]
     assert "Slurm ends the others at once" not in text
-    assert "one task per node: list all, 0,1,2,3" in text
+    assert "One task per node: JAX_LOCAL_DEVICE_IDS=0,1,2,3" in text
+    assert "as broken_worker.py does" in text
 
 
 def test_the_cpu_twin_asks_for_the_local_cluster_and_runs_the_same_worker():
@@ -217,7 +220,7 @@ def test_the_cpu_twin_asks_for_the_local_cluster_and_runs_the_same_worker():
     exports = [word for line in twin if line[0] == "export" for word in line[1:]]
     assert {"JAX_PLATFORMS=cpu", "JAX_NUM_CPU_DEVICES=4"} <= set(exports)
     assert {"JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"} <= set(exports)
-    assert "JAX_ENABLE_PREEMPTION_SERVICE=false" in exports
+    assert not any("PREEMPTION" in word for word in exports)  # JAX's defaults, as on GPUs
     gpu_run = commands(written_files()["slurm_job.sbatch"])[-1]
     assert twin[-1] == gpu_run  # the same srun line starts the same worker
 
