@@ -184,11 +184,11 @@ TABLES = {
     ],
     # the collectives, device 0's instructions, the compile log, the cache's two processes
     "17_profiling": [("<table class='bk-table'>", 4), "<td>reduce-scatter</td>"],
-    # presets, chips, rules of thumb, 2 memory, 2 bounds, the plan on 8,192 H100s, published,
-    # Meta's and MaxText's runs, the plan before launch, the form's layouts, the compiled
-    # step beside its plan
+    # presets, chips, rules of thumb, 2 memory, 2 bounds, the plan on 8,192 H100s and its
+    # mesh, published, Meta's and MaxText's runs, the plan before launch, the form's layouts,
+    # the compiled step beside its plan
     "18_planning_a_real_run": [
-        ("<table class='bk-table'>", 13),
+        ("<table class='bk-table'>", 14),
         "Llama 3 70B on 8,192 H100s",
         "step with TP over 8 devices, beside its plan",
         "quoted, then calculated",
