@@ -3,6 +3,8 @@
 import html
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from hostile_values import lying
@@ -205,3 +207,24 @@ def test_a_forms_mesh_of_odd_arguments_is_refused_in_one_sentence(args, words):
     with pytest.raises(ReaderError, match=words):
         common.mesh(*args)
     assert common.mesh([8], ["data"]).shape == {"data": 8}  # a list is a shape too
+
+
+FEW_DEVICES = """
+import re, sys
+import book.devices
+book.devices.setup(int(sys.argv[1]))
+from book import forms
+shown = [w for w in forms.sharding_explorer().widget.children if type(w).__name__ == "HTML"]
+print(re.sub(r"<[^>]+>", " ", shown[-1].value))
+"""
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_the_sharding_explorer_opens_on_a_table_where_no_2x4_mesh_fits(devices):
+    """Its first mesh is then 1-D: the names box must start with one name, not two."""
+    done = subprocess.run(
+        [sys.executable, "-c", FEW_DEVICES, str(devices)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sharded as P(None, None)" in done.stdout and "names were given" not in done.stdout

@@ -85,5 +85,9 @@ def test_labelled_blocks_refuse_ids_whose_labels_pass_int32():
     from book.lessons.collectives import labelled_blocks
 
     assert labelled_blocks([0, 7], 2).tolist() == [[100, 101], [170, 171]]
-    with pytest.raises(ValueError, match="ids must be device ids"):
+    with pytest.raises(ValueError, match="ids must be a list of device ids"):
         labelled_blocks([2**28], 2)
+    with pytest.raises(ValueError, match="ids must be a list of device ids"):  # a mesh's grid
+        labelled_blocks([[0, 1], [2, 3]], 2)
+    with pytest.raises(ValueError, match="width must be a whole number"):
+        labelled_blocks([0, 1], True)

@@ -109,3 +109,13 @@ def test_a_target_outside_the_vocabulary_makes_the_loss_nan(bad_target):
     )
     targets[2, 3] = bad_target  # one_hot of it is all zeros: it would score as certain
     assert np.isnan(float(jax.jit(lesson.loss_fn, static_argnums=3)(params, tokens, targets, CFG)))
+
+
+def test_a_fractional_target_makes_the_loss_nan_and_a_misshapen_one_is_refused():
+    params = lesson.init_params(CFG)
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab, (BATCH, SEQ), np.int32)
+    targets = np.roll(tokens, -1, axis=1).astype(np.float32)
+    targets[1, 2] += 0.5  # one_hot of 3.5 is all zeros: it would score as certain
+    assert np.isnan(float(jax.jit(lesson.loss_fn, static_argnums=3)(params, tokens, targets, CFG)))
+    with pytest.raises(ValueError, match="must match tokens"):  # (B, 1) would broadcast
+        lesson.loss_fn(params, tokens, targets[:, :1], CFG)

@@ -183,7 +183,8 @@ def _widget(array_shape: str):
         value=(2, 4) if (2, 4) in shapes else shapes[0],
         description="mesh shape",
     )
-    names_box = w.Text(value=DEFAULT_NAMES[2], description="axis names")
+    # names for the mesh shown first: a 1-D mesh (no 2x4 on few devices) gets one name
+    names_box = w.Text(value=DEFAULT_NAMES[len(mesh_box.value)], description="axis names")
     ids_box = w.Checkbox(value=True, description="show device ids")
     dims_box = w.HBox()
     spec_label = w.HTML()

@@ -13,10 +13,11 @@ def labelled_blocks(ids, width):
     ids = np.asarray(ids)
     if (
         ids.dtype.kind not in "iu"
+        or ids.ndim != 1
         or not 0 <= ids.min(initial=0) <= ids.max(initial=0) < 2**24
     ):
-        raise ValueError("ids must be device ids: whole numbers from 0")
-    if not isinstance(width, (int, np.integer)) or width < 1:
+        raise ValueError("ids must be a list of device ids: whole numbers from 0")
+    if not isinstance(width, (int, np.integer)) or isinstance(width, bool) or width < 1:
         raise ValueError("width must be a whole number from 1")
     return (100 + 10 * ids.astype(np.int32)[:, None] + np.arange(width)).astype(
         np.int32

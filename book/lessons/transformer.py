@@ -182,11 +182,15 @@ def forward(params, tokens, cfg, layout=None, policy=None):
 
 def loss_fn(params, tokens, targets, cfg, layout=None, policy=None):
     """Mean cross-entropy of the next-token predictions."""
+    if jnp.shape(targets) != jnp.shape(tokens):  # would broadcast into another mean
+        raise ValueError(
+            f"targets {jnp.shape(targets)} must match tokens {jnp.shape(tokens)}"
+        )
     logits = forward(params, tokens, cfg, layout, policy)
     log_probs = jax.nn.log_softmax(logits)
     picked = jnp.sum(jax.nn.one_hot(targets, cfg.vocab) * log_probs, axis=-1)
-    known = (targets >= 0) & (targets < cfg.vocab)  # else one_hot is all zeros: NaN
-    return -jnp.mean(jnp.where(known, picked, jnp.nan))
+    known = (targets >= 0) & (targets < cfg.vocab) & (targets == jnp.round(targets))
+    return -jnp.mean(jnp.where(known, picked, jnp.nan))  # else one_hot is all zeros
 
 
 def make_step(cfg, layout=None, policy=None, learning_rate=1.0):
