@@ -136,6 +136,21 @@ wait_idle() {
   fail "the nodes did not become idle within 30 s: read $STATE/log/ for why, then run 'make cluster-down'."
 }
 
+start_node() {  # slurmd for node $1, seen by its jobs as a machine of its own where it can be
+  # JAX tells machines apart by the kernel's boot_id: each node gets one of its own, bound over
+  # /proc's in a mount namespace that slurmd and every task it starts share.
+  local node=$1 boot_id="$STATE/boot_id-$1"
+  cat /proc/sys/kernel/random/uuid >"$boot_id"
+  if unshare --mount true 2>/dev/null; then
+    unshare --mount sh -c 'mount --bind "$1" /proc/sys/kernel/random/boot_id 2>/dev/null \
+      || echo "cluster: $3 shares the machine'"'"'s boot_id (no bind mount): JAX sees one machine"
+      exec slurmd -f "$2" -N "$3"' start_node "$boot_id" "$CONF" "$node"
+  else
+    say "$node shares the machine's boot_id (no mount namespace): JAX sees one machine"
+    slurmd -f "$CONF" -N "$node"
+  fi
+}
+
 up() {
   [ "$(id -u)" -eq 0 ] && PATH=$PATH:/usr/sbin  # where Debian puts the daemons
   install_packages
@@ -151,7 +166,7 @@ up() {
   done
   running "$STATE/slurmctld.pid" || slurmctld -f "$CONF" -i
   for node in "${NODES[@]}"; do
-    running "$STATE/slurmd-$node.pid" || slurmd -f "$CONF" -N "$node"
+    running "$STATE/slurmd-$node.pid" || start_node "$node"
   done
   wait_idle
   say "two nodes idle; Slurm commands need SLURM_CONF=$CONF (make exports it)"

@@ -61,14 +61,28 @@ def test_cluster_up_twice_then_down_twice_leaves_nothing_running(tmp_path):
             ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True
         )
         assert nodes.stdout.split("\n")[:2] == ["node1 idle", "node2 idle"]
+        boot_id = "$(cat /proc/sys/kernel/random/boot_id)"
         ran = subprocess.run(
-            ["srun", "-N", "2", "-n", "2", "sh", "-c", 'echo "$SLURM_PROCID $SLURMD_NODENAME"'],
+            [
+                "srun",
+                "-N",
+                "2",
+                "-n",
+                "2",
+                "sh",
+                "-c",
+                f'echo "$SLURM_PROCID $SLURMD_NODENAME {boot_id}"',
+            ],
             env=env,
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert sorted(ran.stdout.split("\n")[:2]) == ["0 node1", "1 node2"], ran.stderr
+        tasks = sorted(line.split() for line in ran.stdout.split("\n")[:2])
+        assert [task[:2] for task in tasks] == [["0", "node1"], ["1", "node2"]], ran.stderr
+        # Each node is a machine of its own to JAX, which tells machines apart by boot_id.
+        machine = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        assert len({task[2] for task in tasks} | {machine}) == 3
     finally:
         for _ in range(2):
             down = make("cluster-down", state, port)

@@ -63,5 +63,5 @@ def test_chapter_11_shows_the_output_of_every_process(built_book):
     # Every script is a %%writefile cell on the page; the notice that the file was written is not.
     for name in SCRIPTS:
         assert f'<span class="o">%%writefile</span> {name}' in text
-    assert "#SBATCH --gpus-per-task=1" in text and "#SBATCH --ntasks=8" in text
+    assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --ntasks-per-node=4" in text
     assert "Writing multihost_worker.py" not in text and "Overwriting" not in text
