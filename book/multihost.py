@@ -222,6 +222,25 @@ def script_args(doc: str, *kinds: Callable) -> list:
     return values
 
 
+def launched() -> tuple[int, int]:
+    """The process count and index ``launch`` gives a worker in its environment, checked.
+
+    A script that takes ``JAX_NUM_PROCESSES`` as the sign of a launch reads them here, so that
+    the variables set by hand and wrong (a count that is no number, an index missing or past
+    the count, no coordinator's address) end it with one line naming the variable, not with
+    ``int``'s or ``initialize``'s traceback.
+    """
+    script, env = Path(sys.argv[0]).name, os.environ
+    count, rank = env.get("JAX_NUM_PROCESSES", ""), env.get("JAX_PROCESS_ID", "")
+    if not (count.isascii() and count.isdigit() and int(count) >= 1):
+        sys.exit(f"{script}: set JAX_NUM_PROCESSES to a whole number from 1, not {count!r}.")
+    if not (rank.isascii() and rank.isdigit() and int(rank) < int(count)):
+        sys.exit(f"{script}: set JAX_PROCESS_ID to a whole number below {count}, not {rank!r}.")
+    if not env.get("JAX_COORDINATOR_ADDRESS", "").strip():
+        sys.exit(f"{script}: set JAX_COORDINATOR_ADDRESS to process 0's host:port as well.")
+    return int(count), int(rank)
+
+
 def positive(text: str) -> int:
     """A kind for ``script_args``: a whole number from 1, such as a count of epochs."""
     return validate.whole(text, "a count", text=True, example=8)

@@ -1620,7 +1620,9 @@ def test_residuals_of_explicitly_sharded_arrays_are_read():
      ("cond", "conditional"), ("switch", "conditional"), ("scan", "while"),
      ("fori_loop", "while"), ("pjit", "call"), ("exp", "exponential"), ("mul", "multiply"),
      ("max", "maximum"), ("lt", "compare"), ("convert_element_type", "convert"),
-     ("axis_index", "partition-id")],
+     ("axis_index", "partition-id"), ("reduce_prod", "reduce"), ("reduce_and", "reduce"),
+     ("log1p", "log-plus-one"), ("expm1", "exponential-minus-one"), ("cos", "cosine"),
+     ("add_any", "add")],
 )  # fmt: skip
 def test_an_op_named_otherwise_than_hlo_names_it_is_refused(op, guess):
     step = jax.jit(lambda a: jnp.sum(a)).lower(jnp.ones(8)).compile()

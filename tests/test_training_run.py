@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -323,3 +324,26 @@ def test_the_batch_script_requeues_an_attempt_that_saved_at_its_limit_or_crashed
     assert done.returncode == exit_code
     calls = tmp_path / "scontrol_calls"
     assert (calls.read_text() == "requeue 7\n") if requeued else not calls.exists()
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"JAX_NUM_PROCESSES": "two"}, "JAX_NUM_PROCESSES"),
+        ({"JAX_NUM_PROCESSES": "1"}, "JAX_PROCESS_ID"),  # set alone
+        ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"}, "JAX_PROCESS_ID"),  # past the count
+        ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}, "JAX_COORDINATOR_ADDRESS"),
+    ],
+)
+def test_launch_variables_set_wrong_by_hand_end_in_one_line(train_py, tmp_path, env, named):
+    """JAX_NUM_PROCESSES is train.py's sign of book.multihost.launch; typed by hand and wrong, it
+    gets a sentence naming the variable, not int's or initialize's traceback."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+    done = subprocess.run(
+        [sys.executable, str(train_py), "--steps", "1", "--checkpoint-dir", "ckpt"],
+        env={**clean, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    said = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert said[-1].startswith(f"train.py: set {named}"), said[-1]
