@@ -236,8 +236,13 @@ def launched() -> tuple[int, int]:
         sys.exit(f"{script}: set JAX_NUM_PROCESSES to a whole number from 1, not {count!r}.")
     if not (rank.isascii() and rank.isdigit() and int(rank) < int(count)):
         sys.exit(f"{script}: set JAX_PROCESS_ID to a whole number below {count}, not {rank!r}.")
-    if not env.get("JAX_COORDINATOR_ADDRESS", "").strip():
-        sys.exit(f"{script}: set JAX_COORDINATOR_ADDRESS to process 0's host:port as well.")
+    address = env.get("JAX_COORDINATOR_ADDRESS", "")
+    host, _, port = address.rpartition(":")  # [::1]:1234 too
+    if not (host.strip() and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        sys.exit(
+            f"{script}: set JAX_COORDINATOR_ADDRESS to process 0's host:port, such as "
+            f"localhost:12345, not {address!r}."
+        )
     return int(count), int(rank)
 
 

@@ -487,6 +487,8 @@ def test_ch12_dp_tp_bytes():
     full_batch = cost.all_reduce_bytes(512 * 16 * 4, 4) + cost.all_reduce_bytes(shard * 4 + 4, 2)
     rejected(exercises.ch12_dp_tp_bytes(full_batch), "half the batch")
     rejected(exercises.ch12_dp_tp_bytes(50000), "count two all-reduces")
+    rejected(exercises.ch12_dp_tp_bytes(right / 2), "that is half")  # (n-1)/n, not 2(n-1)/n
+    rejected(exercises.ch12_dp_tp_bytes(right * 2), "not those it also receives")
     rejected(exercises.ch12_dp_tp_bytes(None), "Not answered yet")
 
 

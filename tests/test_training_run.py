@@ -333,6 +333,13 @@ def test_the_batch_script_requeues_an_attempt_that_saved_at_its_limit_or_crashed
         ({"JAX_NUM_PROCESSES": "1"}, "JAX_PROCESS_ID"),  # set alone
         ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"}, "JAX_PROCESS_ID"),  # past the count
         ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}, "JAX_COORDINATOR_ADDRESS"),
+        *(
+            (
+                {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0", "JAX_COORDINATOR_ADDRESS": a},
+                "JAX_COORDINATOR_ADDRESS",
+            )
+            for a in ("localhost", "localhost:abc", "[::1]", "localhost:70000", ":1234")
+        ),
     ],
 )
 def test_launch_variables_set_wrong_by_hand_end_in_one_line(train_py, tmp_path, env, named):

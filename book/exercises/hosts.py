@@ -483,6 +483,9 @@ def ch12_dp_tp_bytes(sent_per_device):
         cost.all_reduce_bytes(512 // 2 * 16 * 4, 4)
         + cost.all_reduce_bytes(models.param_count(sizes) * 4 + 4, 2): "TP has split the "
         "parameters, so each device all-reduces only its model shard of the gradients",
+        real / 2: "that is half: a ring all-reduce sends 2(n-1)/n times an array, a "
+        "reduce-scatter's (n-1)/n and an all-gather's (n-1)/n",
+        real * 2: "that is twice: count the bytes a device sends, not those it also receives",
     }
     for value, why in wrong.items():
         need(abs(sent_per_device - value) > 4, f"Not {_shown(sent_per_device)} bytes: {why}.")

@@ -30,6 +30,10 @@ def by_stage(stacked, p, v=1):
 def from_stages(staged):
     """The inverse of by_stage: (p, v, layers per group, ...) back to (L, ...)."""
     staged = np.asarray(staged)
+    if staged.ndim < 3:  # a 2-D array would come back reordered, silently
+        raise ValueError(
+            f"give (p, v, layers per group, ...) as by_stage does: {staged.shape}"
+        )
     return staged.swapaxes(0, 1).reshape(-1, *staged.shape[3:])
 
 
@@ -56,6 +60,8 @@ def item(k, m, v, p, depth_first=False):
     """Item k's microbatch and layer group: (k mod m, k // m), every microbatch's
     first trip before any second one; depth-first, p microbatches at a time make
     all v trips before the next p start."""
+    if isinstance(k, (float, np.floating)):  # 8.0 or 7.5 would give no real item
+        raise ValueError(f"item {k} must be a whole number")
     if isinstance(k, (int, np.integer)) and not 0 <= k < v * m:  # traced k: arithmetic
         raise ValueError(f"item {k} is not one of the {v * m} items")
     if depth_first and (p < 1 or m % p):
