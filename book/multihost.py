@@ -146,7 +146,7 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment of one worker: where the coordinator is, who it is, its CPU devices.
 
-    JAX reads every ``jax_*`` option from the upper-case environment variable of the same name,
+    JAX reads most ``jax_*`` options from the upper-case environment variable of the same name,
     so ``JAX_NUM_CPU_DEVICES``, ``JAX_PLATFORMS`` and ``JAX_CPU_COLLECTIVES_IMPLEMENTATION``
     configure the worker before its backend starts; ``jax.distributed.initialize`` reads
     ``JAX_COORDINATOR_ADDRESS`` itself, and the worker passes on the other two. The folder

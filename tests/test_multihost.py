@@ -871,3 +871,32 @@ def test_the_script_argument_kinds_for_folders_and_settings(tmp_path):
     ]:
         with pytest.raises(ReaderError, match=words):
             kind(text)
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"JAX_NUM_PROCESSES": "٢", "JAX_PROCESS_ID": "0"}, "JAX_NUM_PROCESSES"),  # not ASCII
+        ({"JAX_NUM_PROCESSES": "0", "JAX_PROCESS_ID": "0"}, "JAX_NUM_PROCESSES"),
+        ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "-1"}, "JAX_PROCESS_ID"),
+        ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}, "JAX_COORDINATOR_ADDRESS"),
+        ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1", "JAX_COORDINATOR_ADDRESS": "h:0"},
+         "JAX_COORDINATOR_ADDRESS"),
+    ],
+)  # fmt: skip
+def test_launched_names_the_variable_set_wrong(monkeypatch, env, named):
+    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("sys.argv", ["resume_training.py"])
+    with pytest.raises(SystemExit) as stop:
+        book.multihost.launched()
+    assert str(stop.value.code).startswith(f"resume_training.py: set {named}")
+
+
+def test_launched_reads_what_launch_sets(monkeypatch):
+    env = book.multihost.worker_env(1, 2, 4, "[::1]:12345")
+    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"):
+        monkeypatch.setenv(name, env[name])
+    assert book.multihost.launched() == (2, 1)
