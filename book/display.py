@@ -613,6 +613,11 @@ def mesh_diagram(mesh, *, title: str | None = None) -> Diagram:
     """
     validate.mesh(mesh)
     title = _title(title)
+    if not mesh.axis_names:  # JAX takes Mesh(np.array(device), ()): one device, no axis
+        raise DisplayError(
+            "The mesh has no axes, so there is no grid to draw; give it one, such as "
+            "jax.make_mesh((1,), ('x',))."
+        )
     if mesh.size > MAX_BLOCKS:
         raise DisplayError(
             f"The mesh has {mesh.size} devices; a diagram shows at most {MAX_BLOCKS}."

@@ -74,14 +74,9 @@ def usable_nodes(timeout: float = 10) -> list[str]:
     sinfo = shutil.which("sinfo")
     if sinfo is None:
         return []
-    try:
-        done = subprocess.run(
-            [sinfo, "--noheader", "--Node", "--format=%N %t"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    try:  # a wrapper's children end with it at the timeout; odd bytes are read, not raised
+        done = _started([sinfo, "--noheader", "--Node", "--format=%N %t"], timeout)
+    except (SlurmError, OSError, subprocess.TimeoutExpired):
         return []
     if done.returncode != 0:
         return []

@@ -319,3 +319,10 @@ def test_a_timeline_of_more_devices_than_rows_is_refused():
 def test_a_table_without_headers_is_refused(rows):
     with pytest.raises(ReaderError, match="no headers"):
         display.table([], rows)
+
+
+def test_a_mesh_without_axes_is_refused_in_one_sentence():
+    from jax.sharding import Mesh
+
+    with pytest.raises(ReaderError, match="The mesh has no axes"):
+        display.mesh_diagram(Mesh(np.array(jax.devices()[0]), ()))

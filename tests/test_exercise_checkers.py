@@ -115,6 +115,8 @@ def test_ch03_gram():
     rejected(exercises.ch03_gram(by_cols), "split by columns")
     rejected(exercises.ch03_gram(jax.jit(gathers_a, out_shardings=rows)), "all-gathers")
     rejected(exercises.ch03_gram(lambda a: a @ a.T), "not a.T @ a")
+    in_bf16 = jax.jit(lambda a: (a.T @ a).astype(jnp.bfloat16), out_shardings=rows)
+    rejected(exercises.ch03_gram(in_bf16), "bfloat16, too coarse")  # not "the order"
     rejected(exercises.ch03_gram(lambda a: None), "Not answered yet")
 
 
@@ -166,6 +168,8 @@ def test_ch04_mlp():
     rejected(exercises.ch04_mlp(lambda x, w1, w2: hidden(x, w1) @ w2), "out_sharding=")
     no_relu = exercises.ch04_mlp(lambda x, w1, w2: jnp.matmul(x @ w1, w2, out_sharding=P("data")))
     rejected(no_relu, "values differ")
+    in_bf16 = exercises.ch04_mlp(lambda x, w1, w2: right(x, w1, w2).astype(jnp.bfloat16))
+    rejected(in_bf16, "bfloat16, too coarse")
 
 
 def test_ch04_small_operand():
@@ -803,6 +807,8 @@ def test_ch06_ring_right():
     rejected(exercises.ch06_ring_right(ring_right(gather=True)), "all-gather")
     rejected(exercises.ch06_ring_right(lambda a, b: (a[:, :8] @ b).T), "shape (48, 40)")
     rejected(exercises.ch06_ring_right(lambda a, b: None), "Not answered yet")
+    coarse = exercises.ch06_ring_right(lambda a, b: ring_right()(a, b).astype(jnp.bfloat16))
+    rejected(coarse, "bfloat16, too coarse")  # a right ring, not a wrong index
 
 
 def both_ways(meet=1, lefts=n // 2, swap=False):
@@ -839,6 +845,8 @@ def test_ch06_both_ways():
     rejected(exercises.ch06_both_ways(ring_right(to_left, sign=1)), "All 7 collective-permutes")
     rejected(exercises.ch06_both_ways(both_ways(lefts=5)), "balance them")
     rejected(exercises.ch06_both_ways(lambda a, b: None), "Not answered yet")
+    coarse = exercises.ch06_both_ways(lambda a, b: both_ways()(a, b).astype(jnp.float16))
+    rejected(coarse, "float16, too coarse")
 
 
 def test_right_answers_written_another_way_are_right():

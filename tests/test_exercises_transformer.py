@@ -116,6 +116,8 @@ def test_block_bytes_accepts_the_ring_bytes_of_four_all_reduces():
         (12_345, "count the all-reduces per block"),
         (RIGHT_BYTES / 4, "that is a batch of 8 sequences"),  # the chapter's own batch
         (RIGHT_BYTES * 3, "that is a batch of 96 sequences"),
+        (3 * cost.all_reduce_bytes(STREAM, 8), "that is 3 all-reduces of the stream a layer"),
+        (5 * cost.all_reduce_bytes(STREAM, 8), "a fifth is full remat's recomputation"),
         (-RIGHT_BYTES, "count the all-reduces per block"),
     ],
 )

@@ -91,3 +91,13 @@ def test_labelled_blocks_refuse_ids_whose_labels_pass_int32():
         labelled_blocks([[0, 1], [2, 3]], 2)
     with pytest.raises(ValueError, match="width must be a whole number"):
         labelled_blocks([0, 1], True)
+
+
+def test_in_layers_refuses_a_kind_the_calculator_has_not():
+    from book import sizing
+    from book.lessons.planning import in_layers
+
+    plan = sizing.plan(sizing.PRESETS["Llama 3 8B"], tp=8, global_batch=8, seq=4096)
+    assert in_layers(plan, "tp") > 0 and in_layers(plan, "pp") == 0  # no stages: none
+    with pytest.raises(ValueError, match="kind must be one of"):
+        in_layers(plan, "model")  # a mesh axis's name, which would count nothing

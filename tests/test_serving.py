@@ -133,6 +133,8 @@ def test_checkers_accept_the_solutions_and_name_mistakes():
     assert exercises.ch20_tp_token_bytes(right).ok
     rejected(exercises.ch20_tp_token_bytes(2 * right), "training step's four")
     rejected(exercises.ch20_tp_token_bytes(right / 8), "the chapter's batch of 8")
+    rejected(exercises.ch20_tp_token_bytes(right / 2), "that is half")
+    rejected(exercises.ch20_tp_token_bytes(right * 8 / 7), "not twice all of it")
     rejected(exercises.ch20_tp_token_bytes(None), "Not answered yet")
 
 
@@ -202,3 +204,14 @@ def test_the_minus_one_mark_survives_any_integer_dtype(dtype):
     assert (np.asarray(run(params, first, cache, 4, 3, cfg)[0][0]) == -1).all()
     given = jax.numpy.array([64, int(first[1])])  # a token past the vocabulary, given by hand
     assert (np.asarray(run(params, given, cache, 4, 3, cfg)[0][0]) == -1).all()
+
+
+def test_decode_refuses_tokens_that_are_no_whole_numbers():
+    from book.lessons import serving
+    from book.lessons.transformer import Config, init_params
+
+    cfg = Config()
+    params = init_params(cfg)
+    first, cache = serving.prefill(params, np.zeros((2, 3), np.int32), 8, cfg)
+    with pytest.raises(ValueError, match="tokens are whole numbers, not float32"):
+        serving.decode(params, first.astype(np.float32) + 0.7, cache, 3, 2, cfg)

@@ -139,6 +139,28 @@ def test_no_sinfo_or_a_failing_or_silent_one_means_no_cluster(stand_ins):
     assert time.monotonic() - start < 10
 
 
+def test_odd_bytes_from_sinfo_are_read_and_a_slow_ones_children_end(stand_ins, tmp_path):
+    stand_ins("sinfo", "sys.stdout.buffer.write(b'n\\xffde1 idle\\nnode2 mix\\n')\n")
+    assert "node2" in book.slurm.usable_nodes()  # no UnicodeDecodeError
+    child = tmp_path / "child"
+    stand_ins(
+        "sinfo",
+        "import subprocess\n"
+        "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        f"with open({str(child)!r}, 'w') as f:\n    f.write(str(kid.pid))\n"
+        "time.sleep(30)\n",
+    )
+    assert book.slurm.usable_nodes(timeout=1) == []
+    pid, ended = int(child.read_text()), time.monotonic() + 5
+    while time.monotonic() < ended:  # gone, or a zombie nobody reaps
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().split(") ")[1][0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("sinfo's child outlived the timeout")
+
+
 def test_usable_nodes_are_the_idle_partly_used_and_completing_ones(stand_ins):
     listed = "node1 idle\\nnode2 alloc\\nnode3 mix*\\nnode4 down\\nnode5 comp\\nnode6 drain"
     stand_ins("sinfo", f"print('{listed}')\n")

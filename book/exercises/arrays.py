@@ -16,6 +16,7 @@ from book.exercises.core import (
     checked_results,
     checker,
     first_sentence,
+    full_precision,
     function,
     ints,
     need,
@@ -307,6 +308,7 @@ def ch03_gram(gram):
     a = jax.device_put(A, NamedSharding(mesh, P("x", None)))
     out, compiled = _run(gram, a)
     answered(out, "gram returns nothing yet; return a.T @ a")
+    full_precision(out, "The result")
     need(
         getattr(out, "shape", None) == (16, 16) and _same(out, A.T @ A),
         "The result is not a.T @ a: check the order of the transpose and the product.",
@@ -572,6 +574,7 @@ def ch04_mlp(mlp):
         out, compiled = _run(mlp, x, w1, w2)
         answered(out, "mlp returns nothing yet; return relu(x @ w1) @ w2")
         kind = jax.typeof(out)
+    full_precision(out, "The result")
     need(
         getattr(out, "shape", None) == X.shape and _same(out, np.maximum(X @ W1, 0) @ W2),
         "The values differ from relu(x @ w1) @ w2 computed on one device.",

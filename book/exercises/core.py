@@ -819,6 +819,18 @@ def coarse(answer, got: float, want: float, what: str, tolerance: float) -> None
         )
 
 
+def full_precision(result, what: str) -> None:
+    """Refuse a result held in 16 bits or fewer (bfloat16, float16, float8, int8) before its
+    values are judged: a right algorithm rounded so coarsely would otherwise be told that
+    its indices or its order of operations are wrong."""
+    kind = getattr(result, "dtype", None)
+    if kind is not None and getattr(kind, "itemsize", 8) <= 2 and np.dtype(kind).kind != "b":
+        raise Wrong(
+            f"{what} is {kind}, too coarse to compare with float32; compute and return it in "
+            "float32."
+        )
+
+
 def _valued(value):
     """A whole number written another way (8.0, 8 / 1, np.float32(8), Decimal(8)) as the int
     it is: an answer is judged by its value. Anything else as given."""

@@ -11,6 +11,7 @@ from book.exercises.core import (
     checked_results,
     checker,
     compile_and_run,
+    full_precision,
     line_mesh,
     need,
     numbers,
@@ -325,6 +326,7 @@ def _ring_matmul_check(variant, what, seed):
         out_specs=P("x", None),
     )
     out, compiled = compile_and_run(mapped, a, b)
+    full_precision(out, f"{what}'s result")
     out = np.asarray(_on_mesh(out, mesh, what, "this device's rows of A @ B"))
     try:
         book.checks.product_error(out, A, B)

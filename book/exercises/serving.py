@@ -76,6 +76,8 @@ def ch20_tp_token_bytes(tp_layer_bytes):
         4 * Config().n_layers * stream * 7 / 4: "a decode step has the forward pass's two "
         "all-reduces a layer, not a training step's four",
         want * 8 / _TINY_BATCH: "that is the chapter's batch of 8; the stream grows with the batch",
+        want / 2: "that is half: a ring all-reduce sends 2(n-1)/n of the stream, not (n-1)/n",
+        want * 8 / 7: "a ring all-reduce sends 2(n-1)/n of the stream, not twice all of it",
     }
     hint = next(
         (why for value, why in hints.items() if abs(got - value) <= 1e-6 * value),

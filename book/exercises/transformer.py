@@ -155,6 +155,16 @@ def ch13_block_bytes(block_bytes):
     for value, why in wrong.items():
         if abs(value - real) > 4:
             need(abs(block_bytes - value) > 4, f"Not {_shown(block_bytes)} bytes: {why}.")
+    per = cost.all_reduce_bytes(stream, 8)  # one all-reduce of the stream
+    count = round(real / per)
+    for wrong_count in range(3, 2 * count):  # 1: read as the chapter's batch of 8, below
+        extra = " (a fifth is full remat's recomputation, which this step does not do)"
+        need(
+            wrong_count == count or abs(block_bytes - wrong_count * per) > 4,
+            f"Not {_shown(block_bytes)} bytes: that is {wrong_count} all-reduces of the stream "
+            f"a layer; the compiled step has {count}, two in the forward loop and two in the "
+            f"backward{extra if wrong_count == count + 1 else ''}.",
+        )
     other_batch = block_bytes / real * batch  # the right count for another batch?
     if 1 <= other_batch <= 2**20 and abs(other_batch - round(other_batch)) < 1e-9:
         need(

@@ -66,6 +66,8 @@ def adamw_bytes(params, shardings):
 
 def in_layers(plan, kind):
     """The calculator's bytes per step over one kind of axis, in the layers only."""
+    if kind not in sizing.KINDS:  # "model" or "TP" would count nothing, silently
+        raise ValueError(f"kind must be one of {sizing.KINDS}, not {kind!r}")
     return sum(
         c.sent * c.count for c in plan.collectives if c.kind == kind and c.in_layers
     )

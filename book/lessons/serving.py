@@ -90,6 +90,8 @@ def decode(params, token, cache, pos, steps, cfg, layout=None):
     if not whole or not 0 <= steps <= length - start <= length:
         at = pos if known else "a traced position"
         raise ValueError(f"a cache of {length} positions: no {steps} steps from {at}")
+    if not jnp.issubdtype(jnp.result_type(token), jnp.integer):  # 1.7 would read as 1
+        raise ValueError(f"tokens are whole numbers, not {jnp.result_type(token)}")
 
     def step(carry, _):
         token, cache, pos = carry
