@@ -30,7 +30,20 @@ _ASK_SECONDS = 1.0
 _OTHER_SCRIPT_SECONDS = 10.0
 # How srun reports a task that ended badly, in the batch job's output.
 # srun's own lines start a line; a task's lines carry --label's "N: " in front.
-_TASK_END = re.compile(r"^srun: error: \S+: tasks? (\d+)(?:-\d+)?: (.*)$", re.M)
+# srun groups the tasks of a node that ended alike: "tasks 0-1", "tasks 2,3", "tasks 0-2,5".
+_TASK_END = re.compile(r"^srun: error: \S+: tasks? ([\d,-]+): (.*)$", re.M)
+
+
+def _task_numbers(listed: str) -> list[int]:
+    """The tasks of srun's list, such as "0-2,5": 0, 1, 2 and 5."""
+    numbers = []
+    for part in filter(None, listed.split(",")):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (last.isdigit() or not last):
+            numbers.extend(range(int(first), int(last or first) + 1))
+    return numbers
+
+
 _SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Terminated": signal.SIGTERM}
 
 
@@ -210,14 +223,19 @@ class SlurmJob:
                 f"{self.num_tasks}; pass the number of tasks its srun runs."
             )
         codes = [0] * self.num_tasks
-        for task, how in _TASK_END.findall(self.text()):
-            if int(task) < self.num_tasks:
-                exited = re.search(r"[Ee]xit code (\d+)", how)
-                word = how.split()[0] if how.split() else ""
+        for listed, how in _TASK_END.findall(self.text()):
+            exited = re.search(r"[Ee]xit code (\d+)", how)
+            word = how.split()[0] if how.split() else ""
+            for task in _task_numbers(listed):
+                if task >= self.num_tasks:
+                    raise ReaderError(
+                        f"srun reports task {task} of job {self.id}, but num_tasks is "
+                        f"{self.num_tasks}; pass the number of tasks its srun runs."
+                    )
                 if exited:
-                    codes[int(task)] = int(exited.group(1))
+                    codes[task] = int(exited.group(1))
                 elif word in _SIGNALS:
-                    codes[int(task)] = -_SIGNALS[word]
+                    codes[task] = -_SIGNALS[word]
         return codes
 
     def _over(self) -> bool:
@@ -401,8 +419,11 @@ def submit(batch_script, script, args=(), *, num_tasks=2, timeout=180.0, env=Non
     command += [f"--export=ALL{',' + exports if exports else ''}", as_path, *args]
     submitted = time.time()
     printed = slurm.run(command).strip()
+    first = printed.split(";")[0]  # "12" or, with several clusters, "12;cluster"
     try:
-        job_id = int(printed.split(";")[0])
+        if not (first.isascii() and first.isdigit() and int(first) > 0):  # not -5, +7, 1_2
+            raise ValueError
+        job_id = int(first)
     except ValueError:
         raise ReaderError(
             f"sbatch --parsable printed {validate.describe(printed, 60)}, not a job id; check "

@@ -143,7 +143,7 @@ class Measurement:
         """
         t = self.data["train"]
         flags = t["flags"]
-        flag = {name: int(value) for name, value in zip(flags[::2], flags[1::2])}  # last wins
+        flag = {name: _whole(value) for name, value in zip(flags[::2], flags[1::2])}  # last wins
         return {
             "parameters": t["parameters"],
             "batch": flag["--batch"],
@@ -220,8 +220,14 @@ def load(path: Path = RESULTS) -> Measurement | None:
             f"the book reads runs on {' or '.join(FLOAT32_PEAKS)} only."
         )
     device = parts["kernels"].get("device_kind")
-    named = DEVICE_CHIPS.get(device.lower()) if isinstance(device, str) else None
-    if device is not None and named != chip:  # (no device at all: refused below)
+    if not isinstance(device, str) or not device.strip():
+        raise MeasurementError(
+            f"{shown} names no device it ran on (kernels.device_kind is "
+            f"{validate.describe(device)}); run benchmarks/bench_gpu.py again, or load the "
+            "stored one."
+        )
+    named = DEVICE_CHIPS.get(device.lower())
+    if named != chip:
         raise MeasurementError(
             f"{shown} holds {chip}'s peaks for a run on {validate.describe(device)}; run "
             "benchmarks/bench_gpu.py again, or load the stored one."
@@ -237,7 +243,12 @@ def load(path: Path = RESULTS) -> Measurement | None:
     odd = next((v for v in _numbers(read) if not _plain_number(v)), None)
     odd = next(_not_numbers(read), odd)
     if odd is None:
-        _, matmuls, _, _, step = read
+        _, matmuls, streams, _, step = read
+        if not matmuls or not streams:
+            raise MeasurementError(
+                f"{shown} holds no timed matrix products or streams (kernels.rows); run "
+                "benchmarks/bench_gpu.py again, or load the stored one."
+            )
         timed = [r for r in matmuls if r["seconds"] > r["median_seconds"]]
         if timed or min(step["batch"], step["seq"], step["microbatches"]) < 1:
             raise MeasurementError(
@@ -252,6 +263,14 @@ def load(path: Path = RESULTS) -> Measurement | None:
             "again, or load the stored one."
         )
     return found
+
+
+def _whole(value) -> int:
+    """A flag's value as bench_gpu.py writes it, a whole number or its text; else ValueError
+    (True or 32.7 would read as 1 or 32), which load turns into its sentence."""
+    if isinstance(value, bool) or not (isinstance(value, int) or str(value).isdigit()):
+        raise ValueError(f"not a whole number: {value!r}")
+    return int(value)
 
 
 FLAGS = {"counted_by_xla"}  # the only true-or-false fields the methods return

@@ -99,6 +99,19 @@ def _device_blocks(x, what: str) -> list[tuple[str, np.ndarray]]:
     return blocks
 
 
+def _device_order(x) -> list[int] | None:
+    """The device ids of a jax.Array's blocks in the order ``blocks`` lists them; None for a
+    list of blocks, whose positions are the reader's own."""
+    import jax
+
+    if not isinstance(x, jax.Array) or x.is_deleted():
+        return None
+    mesh = getattr(x.sharding, "mesh", None)
+    if mesh is None or not hasattr(mesh, "devices"):
+        return sorted(s.device.id for s in x.addressable_shards)
+    return [d.id for d in np.asarray(mesh.devices).flat]
+
+
 @validate.impostors_refused
 def blocks(given, what: str = "blocks's argument") -> list[tuple[str, np.ndarray]]:
     """Labelled per-device blocks from a ``jax.Array``, (label, values) pairs, or bare values.
@@ -144,6 +157,13 @@ def trace_moves(before, after) -> tuple[dict[tuple[int, int], list], set[int]]:
     input had (what ``ppermute`` writes where nobody sends). Inputs must hold distinct values.
     Input values that no output holds are in no move: a slice of the input traces as a slice.
     """
+    orders = [_device_order(x) for x in (before, after)]
+    if None not in orders and orders[0] != orders[1]:  # position k would name two devices
+        raise ShardError(
+            f"before lies on devices {orders[0]} and after on {orders[1]}, in another order or "
+            "on other devices, so a block's position names a different device in each; trace "
+            "arrays laid out on one mesh."
+        )
     before, after = blocks(before, "trace_moves's before"), blocks(after, "trace_moves's after")
     home = {}
     for k, (_, b) in enumerate(before):

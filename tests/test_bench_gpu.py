@@ -116,7 +116,7 @@ def finished_run():
         ),  # what a run on another GPU, or --dry, stores
         (
             {"machine": {"peaks": {"chip": "H100"}}, "kernels": {}, "train": {}},
-            "is not a run as benchmarks/bench_gpu.py writes it (KeyError",
+            "names no device it ran on (kernels.device_kind is None)",
         ),
         (
             {**finished_run(), "train": {**finished_run()["train"], "median_step_s": 0}},

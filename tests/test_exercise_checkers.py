@@ -251,6 +251,12 @@ def test_ch07_sum_dp():
 
     rejected(exercises.ch07_sum_dp(in_bfloat16), "is bfloat16, too coarse to compare")
 
+    def swapped(params, x, y):
+        loss, grads = sum_dp()(params, x, y)
+        return grads, loss
+
+    rejected(exercises.ch07_sum_dp(swapped), "returns (grads, loss); return them in the other")
+
 
 def masked_dp(mean_of_means=False):
     def local(params, x, y, mask):

@@ -343,6 +343,16 @@ def test_a_product_past_float64_is_refused_not_passed():
         one_sentence(caught.value)
 
 
+@pytest.mark.parametrize("size", [1e-18, 1e-20])
+def test_a_right_float32_product_of_tiny_values_passes_and_a_wrong_one_does_not(size):
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((8, 16)) * size).astype(np.float32)
+    b = (rng.standard_normal((16, 8)) * size).astype(np.float32)
+    checks.assert_product(np.asarray(jnp.asarray(a) @ jnp.asarray(b)), a, b)  # subnormals flushed
+    with pytest.raises(AssertionError, match="differs from A @ B"):  # still judged: 1e4 too large
+        checks.assert_product(np.asarray(a, np.float64) @ b * 1e4 + 1e-30, a, b)
+
+
 def test_assert_product_names_a_complex_result_as_such():
     with pytest.raises(ReaderError, match="must hold real numbers, not complex ones"):
         checks.assert_product(A @ B + 0j, A, B)
@@ -1574,7 +1584,20 @@ def test_a_run_edited_to_another_device_or_a_text_time_is_refused(tmp_path, fiel
         else:
             data["kernels"]["rows"][0][field] = value
 
-    refused_run(edited_run(tmp_path, change), "peaks for a run on|which no time")
+    refused_run(edited_run(tmp_path, change), "peaks for a run on|which no time|names no device")
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda d: d["kernels"].update(device_kind=None), "names no device it ran on"),
+        (lambda d: d["train"]["flags"].extend(["--batch", True]), "is not a run as"),
+        (lambda d: d["train"]["flags"].extend(["--batch", 32.7]), "is not a run as"),
+        (lambda d: d["kernels"].update(rows=[]), "holds no timed matrix products"),
+    ],
+)
+def test_a_run_edited_by_hand_is_refused_now_not_in_a_chapter(tmp_path, edit, words):
+    refused_run(edited_run(tmp_path, edit), words)  # True read as a batch of 1, 32.7 as 32
 
 
 def test_a_flag_given_twice_counts_as_argparse_counts_it(tmp_path):
@@ -1821,3 +1844,14 @@ def test_a_refused_array_is_named_as_the_function_called_names_it(call, name):
 def test_too_many_examples_are_named_as_a_batch_not_n():
     with pytest.raises(ReaderError, match=r"The number of examples \(n, a batch\) is too large"):
         models.synthetic_data(1, 2**25, 8, 8)
+
+
+def test_trace_moves_refuses_arrays_whose_positions_name_other_devices():
+    from jax.sharding import Mesh
+
+    devices = jax.devices()
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(Mesh(np.array(devices), ("x",)), P("x")))
+    y = jax.device_put(x, NamedSharding(Mesh(np.array(devices[::-1]), ("x",)), P("x")))
+    with pytest.raises(ReaderError, match="in another order or on other devices") as caught:
+        shards.trace_moves(x, y)  # read by position, every value would seem to stay home
+    one_sentence(caught.value)

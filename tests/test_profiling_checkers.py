@@ -42,6 +42,12 @@ def test_collective_share_accepts_the_per_device_sums():
     verdict = exercises.ch17_collective_share(shares, RUN, KINDS)
     assert verdict.ok, verdict.message
     assert "30% to 50%" in verdict.message
+    in_float32 = exercises.ch17_collective_share(  # computed the JAX way: float32 shares
+        lambda ops, kinds: {d: float(np.float32(v)) for d, v in shares(ops, kinds).items()},
+        RUN,
+        KINDS,
+    )
+    assert in_float32.ok, in_float32.message
 
 
 @pytest.mark.parametrize(

@@ -294,6 +294,22 @@ def test_a_job_with_fewer_tasks_than_num_tasks_is_named_not_read_as_clean_exits(
     assert "\n" not in str(caught.value)
 
 
+def test_srun_reports_of_grouped_tasks_give_every_task_its_status(stand_ins, tmp_path):
+    stand_ins("scontrol", "print('JobId=9 JobState=FAILED ExitCode=1:0 NumTasks=6')\n")
+    out = tmp_path / "train_job-9.out"
+    out.write_text(  # srun groups a node's tasks that ended alike
+        "srun: error: n1: tasks 0-1: Killed\n"
+        "srun: error: n2: tasks 2,3: Exited with exit code 3\n"
+        "srun: error: n3: task 5: Terminated\n"
+    )
+    job = book.jobs.SlurmJob(9, "train.py", 6, out, timeout=60, submitted=time.time())
+    assert job.wait_for_exits() == [-9, -9, 3, 3, 0, -15]
+    out.write_text("srun: error: n1: tasks 0-2: Killed\n")
+    job = book.jobs.SlurmJob(9, "train.py", 2, out, timeout=60, submitted=time.time())
+    with pytest.raises(ReaderError, match="srun reports task 2 of job 9, but num_tasks is 2"):
+        job.wait_for_exits()
+
+
 def test_a_refused_scancel_is_said_and_an_ended_job_is_not(stand_ins):
     stand_ins(
         "scancel",
@@ -328,3 +344,16 @@ def test_a_step_past_its_timeout_is_stopped_with_what_it_started(stand_ins, tmp_
         except OSError:  # a process that ended meanwhile
             pass
     assert running == []
+
+
+@pytest.mark.parametrize("printed", ["-5", "0", "+7", "1_2", "\u0661\u0662", "7.0", "12 "])
+def test_sbatch_output_that_is_no_job_id_is_refused(stand_ins, tmp_path, monkeypatch, printed):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sbatch").write_text("#!/bin/sh\nsrun true\n")
+    stand_ins("sbatch", f"print({printed!r})\n")
+    if printed == "12 ":  # blanks around it are stripped: a job id still
+        job, _ = book.jobs.submit("job.sbatch", "t.py")
+        assert job.id == 12
+        return
+    with pytest.raises(ReaderError, match="not a job id"):
+        book.jobs.submit("job.sbatch", "t.py")

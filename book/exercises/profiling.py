@@ -51,8 +51,9 @@ def _share(ops, kinds, over_span=False):
 
 
 def _close(got, want) -> bool:
+    """Equal as float32 holds a share (a reader's jnp answer), as the other checkers judge."""
     try:
-        return math.isclose(float(got), want, rel_tol=1e-9, abs_tol=1e-12)
+        return math.isclose(float(got), want, rel_tol=1e-6, abs_tol=1e-9)
     except (TypeError, ValueError, OverflowError):
         return False
 

@@ -128,6 +128,11 @@ def _loss_and_grads(
     """The reader's ``(loss, grads)`` against the reference: the loss, then each gradient."""
     loss, grads = pair(out, what, "(loss, grads)")
     need(
+        not (isinstance(loss, dict) and set(loss) == set(ref_grads)),
+        f"{what} returns (grads, loss); return them in the other order, (loss, grads), as "
+        "jax.value_and_grad does.",
+    )
+    need(
         isinstance(grads, dict) and set(grads) == set(ref_grads),
         f"grads should be a dict with the keys {sorted(ref_grads)}, like params.",
     )
