@@ -89,10 +89,11 @@ def _answer(*typed) -> str:
 def _body(c: Choice, p: sizing.ServePlan, hw: sizing.Hardware) -> str:
     s = p.decode_seconds(hw)
     degrees = ", ".join(f"{k}={v}" for k, v in c.degrees)
+    sequences = f"{c.batch:,} sequence{'s' if c.batch != 1 else ''}"
     fits = p.memory["total"] <= hw.hbm_bytes
     head = (
         f"<div class='bk-viz'><b>{html.escape(c.model)} on {c.chips} {html.escape(hw.name)}, "
-        f"{html.escape(c.layout)} ({html.escape(degrees)})</b>: {c.batch:,} sequences of "
+        f"{html.escape(c.layout)} ({html.escape(degrees)})</b>: {sequences} of "
         f"{CONTEXT:,} cached tokens, bfloat16. Weights and cache "
         f"{'fit' if fits else 'do not fit'} in its {hw.hbm_bytes / 1e9:.0f} GB of HBM (all of "
         "it: no working memory or headroom counted).</div>"
