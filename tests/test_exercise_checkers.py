@@ -38,6 +38,12 @@ def test_ch01_chip_rows():
     rejected(exercises.ch01_chip_rows(lambda cores: np.asarray(cores)), "shape (8,)")
     lazily = lambda cores: (row for row in right(cores))  # noqa: E731 - rows, unread
     rejected(exercises.ch01_chip_rows(lazily), "chip_rows returned a generator; return")
+    from book.devices import tpu_v3_8
+
+    v3_8 = tpu_v3_8()  # the notebook's own cores, equal to the argument's, not the same objects
+    assert exercises.ch01_chip_rows(lambda cores: right(v3_8)).ok
+    twice = lambda cores: np.asarray([v3_8[0]] * 8, dtype=object).reshape(4, 2)  # noqa: E731
+    rejected(exercises.ch01_chip_rows(twice), "each of the eight cores exactly once")
 
 
 def test_ch01_reversed_mesh():
