@@ -634,11 +634,16 @@ def check_epoch(ids, num_examples: int) -> None:
     if np.ma.is_masked(ids):
         raise ReaderError("ids holds masked entries, which are no example numbers; pass the ids.")
     try:
-        ids = np.asarray(ids).ravel()
+        ids = np.asarray(ids)
     except Exception:
         ids = None
     if ids is None or (ids.size and ids.dtype.kind not in "iu"):
         raise ReaderError("ids must be an array of example numbers (whole numbers).")
+    if ids.size > MAX_EXAMPLES:  # before a copy: a broadcast view stands for 10**11 ids
+        raise ReaderError(
+            f"ids holds {ids.size:,} example numbers; an epoch holds at most {MAX_EXAMPLES:,}."
+        )
+    ids = ids.ravel()
     inside = ids[(ids >= 0) & (ids < num_examples)].astype(np.int64)
     counts = np.bincount(inside, minlength=num_examples)
     missing = int(np.count_nonzero(counts == 0))

@@ -8,10 +8,13 @@ which one slow run (another process, a page fault) cannot move.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import inspect
 import math
 import statistics
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -90,34 +93,46 @@ def _block(result):
             "is read; return the results themselves (a list, or arrays)."
         )
     try:
-        return jax.block_until_ready(result)
+        jax.block_until_ready(result)
+        # What JAX took for a leaf without waiting on it (a dataclass, a namespace, a deque)
+        # may still hold arrays.
+        unwaited = [x for x in jax.tree.leaves(result) if not hasattr(x, "block_until_ready")]
     except (ValueError, TypeError):  # a dict whose keys JAX cannot sort, as {"loss": 1, 0: 2}
-        for leaf in _arrays_in(result):
-            leaf.block_until_ready()
-        return result
+        unwaited = [result]
     except (RecursionError, SystemError) as err:  # JAX's SystemError holds the RecursionError
         if not isinstance(err, RecursionError) and not isinstance(err.__cause__, RecursionError):
             raise
-    raise validate.BadValue(
-        "f returned a list or dict that holds itself, or one nested too deep for JAX to wait "
-        "on its arrays; return the arrays."
-    )
+        raise validate.BadValue(
+            "f returned a list or dict that holds itself, or one nested too deep for JAX to "
+            "wait on its arrays; return the arrays."
+        ) from None
+    for leaf in _arrays_in(unwaited):
+        leaf.block_until_ready()
+    return result
 
 
 def _arrays_in(value, depth: int = 0):
-    """The arrays in a result JAX's pytrees refuse to walk, found by walking it here."""
+    """The arrays in a result, found by walking it here: JAX's pytrees refuse some (a dict with
+    mixed keys) and take others whole, as leaves (a dataclass, a namespace, a deque, a set)."""
     if depth > 100:
         raise validate.BadValue(
             "f returned a list or dict nested too deep to wait on its arrays; return the arrays."
         )
     if callable(getattr(value, "block_until_ready", None)):
         yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _arrays_in(item, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _arrays_in(item, depth + 1)
+        return
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple, set, frozenset, collections.deque)):
+        items = value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, field.name, None) for field in dataclasses.fields(value)]
+    elif isinstance(value, types.SimpleNamespace):
+        items = vars(value).values()
+    else:
+        return
+    for item in items:
+        yield from _arrays_in(item, depth + 1)
 
 
 @validate.impostors_refused

@@ -254,6 +254,8 @@ def test_check_epoch_counts_ids_outside_the_epoch_as_such():
         check_epoch(np.array([0, -1, 2]), 3)
     with pytest.raises(ReaderError, match="whole numbers"):
         check_epoch(np.array([0.0, 1.0, 2.0]), 3)
+    with pytest.raises(ReaderError, match="an epoch holds at most"):  # a view, not a copy
+        check_epoch(np.broadcast_to(np.arange(8), (10**10, 8)), 8)
     with pytest.raises(ReaderError, match="masked entries, which are no example numbers"):
         check_epoch(np.ma.array([0, 1, 2], mask=[0, 0, 1]), 3)
 

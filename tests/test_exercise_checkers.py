@@ -574,6 +574,8 @@ def test_ch10_padded_epoch():
     rejected(exercises.ch10_padded_epoch(padded_first), "only the last batch")
     rejected(exercises.ch10_padded_epoch(same_every_epoch), "same order")
     rejected(exercises.ch10_padded_epoch(lambda n, b, s, e: None), "Not answered yet")
+    swapped = lambda n, b, s, e: padded_epoch(n, b, s, e)[::-1]  # noqa: E731 - (mask, rows)
+    rejected(exercises.ch10_padded_epoch(swapped), "returns (mask, rows); return them")
 
 
 # The chapter 11 checkers copy these functions' source into worker processes, where jax, np,

@@ -87,6 +87,8 @@ def merge_normalized(a, b):
 
 def test_merge_accepts_a_stable_merge():
     assert exercises.ch15_merge_normalized(merge_normalized).ok
+    coarse = lambda a, b: tuple(x.astype(jnp.bfloat16) for x in merge_normalized(a, b))  # noqa: E731
+    rejected(exercises.ch15_merge_normalized(coarse), "o is bfloat16, too coarse")
 
 
 def test_merge_rejects_overflow_averages_and_a_wrong_lse():

@@ -190,3 +190,32 @@ def test_measure_refuses_work_that_has_not_run():
         ]:
             with pytest.raises(validate.BadValue, match=re.escape(words)):
                 timing.measure(f, warmup=1, runs=2)
+
+
+def test_arrays_inside_results_jax_takes_for_leaves_are_waited_on():
+    """A dataclass, a namespace or a deque of arrays is one leaf to jax.block_until_ready;
+    timing only its dispatch would report the work as almost free."""
+    import collections
+    import dataclasses
+    import types
+
+    import jax
+    import jax.numpy as jnp
+
+    @dataclasses.dataclass
+    class Out:
+        y: jax.Array
+
+    class Waited:  # an array stand-in that records that it was waited on
+        def __init__(self):
+            self.waited = 0
+
+        def block_until_ready(self):
+            self.waited += 1
+            return self
+
+    for wrap in (Out, lambda a: types.SimpleNamespace(y=a), lambda a: collections.deque([a])):
+        leaf = Waited()
+        timing.measure(lambda w=wrap, x=leaf: w(x), warmup=0, runs=3)
+        assert leaf.waited == 3
+    assert timing.measure(lambda: Out(jnp.ones(3)), warmup=0, runs=1).median > 0

@@ -51,6 +51,7 @@ def ch01_chip_rows(chip_rows):
     except Exception:  # noqa: BLE001 - a ragged or self-holding list
         returned(grid, "chip_rows", "a 4x2 array of the cores")
     need(grid.shape == (4, 2), f"The grid has shape {grid.shape}; it should be (4, 2).")
+
     def which(c) -> int:  # a core equal to one of the v3-8's, as the chapter's v3_8 holds
         same = (k.id for k in cores if type(c) is type(k) and c == k)
         return next(same, -1)

@@ -15,6 +15,7 @@ from book.exercises.core import (
     Wrong,
     answered,
     checker,
+    full_precision,
     function,
     line_mesh,
     need,
@@ -215,6 +216,8 @@ def ch15_merge_normalized(merge_normalized):
         )
         unmasked(answer[0], "o", "plain arrays of numbers")
         unmasked(answer[1], "lse", "plain arrays of numbers")
+        full_precision(answer[0], "o")
+        full_precision(answer[1], "lse")
         try:
             o, lse = (np.asarray(a, dtype=np.float64) for a in answer)
         except Exception:

@@ -695,6 +695,14 @@ def ch10_read_once(build):
     )
 
 
+def _holds_truths(value) -> bool:
+    """Whether an answer is an array of True and False, as a mask is."""
+    try:
+        return np.asarray(value).dtype == np.bool_
+    except Exception:  # noqa: BLE001 - a ragged or odd answer: numbers() names it
+        return False
+
+
 @checker
 def ch10_padded_epoch(padded_epoch):
     """Exercise 10.2: every batch full size, the last one padded, the padding masked out.
@@ -709,7 +717,16 @@ def ch10_padded_epoch(padded_epoch):
 
     def plan(n, b, seed, epoch):
         rows, mask = pair(padded_epoch(n, b, seed, epoch), "padded_epoch", "(rows, mask)")
+        truths = [_holds_truths(rows), _holds_truths(mask)]  # as given, before float64
         rows, mask = numbers(rows, "rows", "[[3, 0], [7, 1]]"), numbers(mask, "mask", "[True]")
+        need(
+            not (truths[0] and not truths[1]),
+            "padded_epoch returns (mask, rows); return them in the other order, (rows, mask).",
+        )
+        need(
+            not truths[0],
+            "rows holds True and False; give example numbers, and the truth values in mask.",
+        )
         need(
             rows.ndim == 2,
             f"rows has {rows.ndim} dimension(s); give one row of example numbers per batch.",
