@@ -147,7 +147,11 @@ def test_every_live_form_answers_a_change_and_a_reopened_one_says_how_to_get_it_
         assert all(c.outputs for c in saved.cells[2:]), "the forms' outputs were saved"
         page = open_notebook(browser, url)
         shown = page.locator(".jp-OutputArea-output.jupyter-widgets")
-        shown.first.wait_for(timeout=WAIT_MS)
+        page.wait_for_function(  # Lab renders the reopened outputs one cell at a time
+            "n => document.querySelectorAll('.jp-OutputArea-output.jupyter-widgets').length >= n",
+            arg=len(FORMS),
+            timeout=WAIT_MS,
+        )
         assert shown.count() == len(FORMS)
         for k in range(len(FORMS)):
             said = shown.nth(k).evaluate("e => getComputedStyle(e, '::after').content")
