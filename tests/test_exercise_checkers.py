@@ -66,6 +66,7 @@ def test_ch02_predict():
     assert exercises.ch02_predict((16, 1, 4), 1).ok
     rejected(exercises.ch02_predict((16, 2, 4), 1), "4 x 2 = 8 ways")
     rejected(exercises.ch02_predict((16, 1, 4), 2), "Not 2 copies")
+    rejected(exercises.ch02_predict((16, 1, 4, 1), 1), "has 4 entries; the array (16, 8, 4)")
     rejected(exercises.ch02_predict(None, None), "Not answered yet")
 
 
@@ -86,6 +87,9 @@ def test_ch02_spec_for_64_bytes():
     rejected(exercises.ch02_spec_for_64_bytes(P(("pipe", "data", "model"))), "32 bytes")
     rejected(exercises.ch02_spec_for_64_bytes("P('pipe', 'data')"), "not a P(...)")
     rejected(exercises.ch02_spec_for_64_bytes(P("pipe", "pipe")), "JAX cannot use")
+    if hasattr(P(), "unreduced"):  # chapter 4's partial sums: no placed array holds them
+        unreduced = P("data", "model", unreduced={"pipe"})
+        rejected(exercises.ch02_spec_for_64_bytes(unreduced), "names unreduced or reduced axes")
 
 
 def test_verdicts_render_as_one_line():

@@ -37,6 +37,8 @@ def test_ulysses_wins():
 
     judged(exercises.ch21_ulysses_wins(masked), "returned a masked value")
     judged(exercises.ch21_ulysses_wins(lambda h, k, n: k % n == 0), "the ring sends fewer")
+    ties_win = lambda h, k, n: k % n == 0 and h + k <= k * n  # noqa: E731 - 8, 8, 2: a tie
+    judged(exercises.ch21_ulysses_wins(ties_win), "both send the same bytes")
     judged(exercises.ch21_ulysses_wins(lambda h, k, n: h + k < k * n), "Ulysses cannot run")
     judged(exercises.ch21_ulysses_wins(lambda h, k, n: "yes"), "return True or False")
     judged(exercises.ch21_ulysses_wins(lambda h, k: True), "should take")

@@ -130,6 +130,11 @@ def ch02_predict(shard_shape, replication):
     real_shape = x.sharding.shard_shape(x.shape)
     copies = len(x.sharding.device_set) // len({str(s.index) for s in x.addressable_shards})
     need(
+        len(shard_shape) == len(real_shape),
+        f"shard_shape has {len(shard_shape)} entries; the array (16, 8, 4) has 3 dimensions, "
+        "and each block has as many.",
+    )
+    need(
         tuple(shard_shape) == real_shape,
         f"The shard shape is not {tuple(shard_shape)}: dimension 1 is split over both mesh "
         "axes together, 4 x 2 = 8 ways.",
@@ -177,8 +182,16 @@ def ch02_rows_on_device_1(rows):
 def ch02_spec_for_64_bytes(spec):
     """Exercise 2.3: a spec that stores exactly 64 bytes of an 8x8 int32 matrix per device."""
     import jax
-    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+    held_apart = set()
+    if isinstance(spec, PartitionSpec):  # frozensets, empty unless chapter 4's are named
+        held_apart = set(getattr(spec, "unreduced", ())) | set(getattr(spec, "reduced", ()))
+    need(  # chapter 4's partial sums: no array placed on devices holds them
+        not held_apart,
+        f"spec names unreduced or reduced axes {sorted(held_apart)}; an array placed on "
+        "devices holds whole values, so give a spec without unreduced= or reduced=.",
+    )
     spec = _spec(spec, "spec")
     mesh = jax.make_mesh((2, 2, 2), ("pipe", "data", "model"), axis_types=(AxisType.Explicit,) * 3)
     try:
@@ -189,8 +202,9 @@ def ch02_spec_for_64_bytes(spec):
     ways = 256 // per_device
     need(
         per_device == 64,
-        f"{spec} stores {per_device} bytes per device: it splits the matrix {ways} ways, and "
-        "64 bytes needs 4.",
+        f"{spec} stores {per_device} bytes per device: it "
+        + (f"splits the matrix {ways} ways" if ways > 1 else "does not split the matrix")
+        + ", and 64 bytes needs 4 ways.",
     )
     return f"{spec} splits the matrix 4 ways and keeps 2 copies of every block."
 

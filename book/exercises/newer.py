@@ -69,9 +69,15 @@ def ch21_ulysses_wins(ulysses_wins):
             f"For {case} Ulysses cannot run as the chapter lays it out: each device needs "
             f"whole K/V heads, and {kv_heads} cannot split over {n}.",
         )
+        tie = heads + kv_heads == kv_heads * n  # Ulysses' bytes over the ring's: exactly 1
+        who = (
+            "both send the same bytes"
+            if tie
+            else f"{'Ulysses' if want else 'the ring'} sends fewer bytes"
+        )
         raise Wrong(
-            f"For {case} {'Ulysses' if want else 'the ring'} sends fewer bytes: compare "
-            "(heads + kv_heads) / (kv_heads * n), Ulysses' bytes over the ring's, with 1."
+            f"For {case} {who}: compare (heads + kv_heads) / (kv_heads * n), Ulysses' bytes "
+            "over the ring's, with 1; Ulysses wins only below it."
         )
     wins = sum(_ulysses_cheaper(*case) for case in cases)
     return (
