@@ -42,12 +42,12 @@ def block_values(device_id: int, block: tuple[int, ...]) -> np.ndarray:
     return (10 * step + device_id * step + np.arange(size, dtype=np.int32)).reshape(block)
 
 
-@validate.impostors_refused
 def _besides_pairs(text: str) -> str:
     """What ``text`` holds besides its pairs, the commas, blanks and brackets between them."""
     return re.sub(r"[\s,\[\]]", "", _PAIR.sub("", text))
 
 
+@validate.impostors_refused
 def parse_perm(text: str, size: int) -> tuple[tuple[int, int], ...]:
     """``"shift"``, ``"ring"`` or (source, destination) pairs such as ``"(0, 1), (1, 0)"``.
 

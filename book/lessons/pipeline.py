@@ -252,12 +252,9 @@ def embed(table, tokens, axes):
     mine = jnp.where((mine >= 0) & (mine < rows), mine, rows)
     found = jnp.take(table, mine, axis=0, mode="fill", fill_value=0)
     known = (tokens >= 0) & (tokens < rows * jax.lax.axis_size("model"))
-    unknown = jnp.where(known, 0.0, jnp.nan)[
-        ..., None
-    ]  # NaN for an id outside the table
-    return (
-        jax.lax.psum(found, "model") + unknown
-    )  # added: the gradient keeps nothing more
+    # NaN for an id outside the table, added: the gradient then keeps nothing more
+    unknown = jnp.where(known, 0.0, jnp.nan)[..., None]
+    return jax.lax.psum(found, "model") + unknown
 
 
 def cross_entropy(y, unembed, targets, axes):
