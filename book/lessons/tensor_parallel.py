@@ -17,9 +17,8 @@ megatron = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None), "b
 
 def megatron_loss(params, x, y):
     """Loss of the MLP with w1 split by columns and w2 by rows over `model`."""
-    h = jax.nn.relu(
-        x @ params["w1"] + params["b1"]
-    )  # (batch, hidden / model size): local
+    # (batch, hidden / model size): local
+    h = jax.nn.relu(x @ params["w1"] + params["b1"])
     logits = jax.lax.psum(h @ params["w2"], "model") + params["b2"]
     return models.cross_entropy(logits, y)
 
